@@ -1,0 +1,26 @@
+/* matmul.h — the CPU matrix multiply every linear layer goes through.
+ *
+ *   y[T, N] = x[T, K] · W[N, K]^T
+ *
+ * x and y are row-major f32. W is N rows of K elements in `wtype` (enum
+ * ggml_type: F32, F16, BF16, Q8_0 or Q4_0), laid out as in GGUF (ne = [K, N]).
+ * T = 1 is decode (a matvec that must stream W at memory bandwidth); T > 1 is
+ * prefill. Work is split over the pool's threads by rows of W.
+ * Returns 0, or -1 with err for an unsupported wtype or a K that is not a
+ * multiple of the block size.
+ */
+#ifndef STRATA_COMPUTE_CPU_MATMUL_H
+#define STRATA_COMPUTE_CPU_MATMUL_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "compute/cpu/threadpool.h"
+
+int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
+               int64_t K, int64_t N, st_err *err);
+
+/* The SIMD level chosen at run time: "avx512", "avx2", or "scalar". */
+const char *cpu_simd_level(void);
+
+#endif
