@@ -1,0 +1,74 @@
+/* comm.h — collectives among the TP ranks of one stage.
+ *
+ * A `comm` is one rank's handle in a group of `size` ranks. Every rank of the
+ * group must make the same sequence of calls with the same counts (as with
+ * NCCL/MPI); the calls block until the collective completes.
+ *
+ * Implementations:
+ *  - CPU (compute/cpu/comm_shm.c): ranks are threads of one process. Each rank
+ *    publishes a pointer to its buffer; rank r reduces chunk r across all the
+ *    ranks' buffers and writes the sum back into every buffer (a fused
+ *    reduce-scatter + all-gather), so no copy is made beyond the reduction.
+ *  - NCCL (compute/cuda/comm_nccl.c): ncclAllReduce & co on device buffers;
+ *    built when CUDA is found.
+ *
+ * Errors: a mismatched call, a bad dtype or a bad root return -1 with err.
+ */
+#ifndef STRATA_COMPUTE_COMM_H
+#define STRATA_COMPUTE_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+enum comm_dtype { COMM_F32 = 0, COMM_BF16 = 1 };
+
+typedef struct comm comm;
+
+typedef struct comm_ops {
+    /* buf[count] <- sum over ranks of buf[count]. bf16 is summed in f32 and
+     * rounded once (round-to-nearest-even). */
+    int (*all_reduce_sum)(comm *c, void *buf, size_t count, enum comm_dtype dtype, st_err *err);
+    /* recv[size * bytes] <- concatenation of every rank's send[bytes], rank order. */
+    int (*all_gather)(comm *c, const void *send, void *recv, size_t bytes, st_err *err);
+    /* buf[bytes] <- root's buf[bytes] on every rank. */
+    int (*broadcast)(comm *c, void *buf, size_t bytes, int root, st_err *err);
+    int (*barrier)(comm *c, st_err *err);
+} comm_ops;
+
+/* Counters every implementation keeps per rank (read by tests and benchmarks). */
+typedef struct comm_stats {
+    uint64_t all_reduce_calls;
+    uint64_t all_gather_calls;
+    uint64_t broadcast_calls;
+    uint64_t barrier_calls;
+    double seconds; /* wall time spent inside collectives on this rank */
+} comm_stats;
+
+struct comm {
+    const comm_ops *ops;
+    int rank, size;
+    comm_stats stats;
+};
+
+static inline int comm_all_reduce_sum(comm *c, void *buf, size_t count, enum comm_dtype dt, st_err *err) {
+    return c->ops->all_reduce_sum(c, buf, count, dt, err);
+}
+static inline int comm_all_gather(comm *c, const void *send, void *recv, size_t bytes, st_err *err) {
+    return c->ops->all_gather(c, send, recv, bytes, err);
+}
+static inline int comm_broadcast(comm *c, void *buf, size_t bytes, int root, st_err *err) {
+    return c->ops->broadcast(c, buf, bytes, root, err);
+}
+static inline int comm_barrier(comm *c, st_err *err) { return c->ops->barrier(c, err); }
+
+/* ---- CPU shared-memory group: n ranks that are threads of this process. ---- */
+typedef struct comm_cpu_group comm_cpu_group;
+
+comm_cpu_group *comm_cpu_group_new(int n_ranks, st_err *err);
+/* The handle of rank r (owned by the group; valid until the group is freed). */
+comm *comm_cpu_rank(comm_cpu_group *g, int rank);
+void comm_cpu_group_free(comm_cpu_group *g);
+
+#endif
