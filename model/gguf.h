@@ -80,6 +80,10 @@ typedef struct gguf_kv {
     uint64_t arr_n;
     const void *arr_data;
     gguf_str *arr_str;
+    /* The value's encoded bytes in the file (everything after the type
+     * field): lets the writer copy any value, nested arrays included. */
+    const void *raw;
+    uint64_t raw_len;
 } gguf_kv;
 
 /* One tensor-table entry. `data` points into the mapping and has been
@@ -138,6 +142,16 @@ const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NULL when absent */
 int64_t gguf_tensor_nelements(const gguf_tensor *t);
 
+/* Block layout of any known on-disk tensor type (loadable or not): elements
+ * per block and bytes per block, from ggml.c's type_traits. Returns -1 for an
+ * unknown or removed type id. */
+int gguf_type_layout(uint32_t type, int *blck, size_t *block_bytes);
+/* Name of a tensor type, also for the ids dtype.h does not list (tq1_0, tq2_0,
+ * mxfp4); "unknown" otherwise. */
+const char *gguf_tensor_type_name(uint32_t type);
+/* Number of rows (elements / ne[0]); 0 for an empty tensor. */
+int64_t gguf_tensor_nrows(const gguf_tensor *t);
+
 /* Dequantizes rows [row0, row0 + n_rows) of a tensor (a row is ne[0]
  * elements) into dst (n_rows * ne[0] floats). Fails cleanly for unsupported
  * types or out-of-range rows. */
@@ -167,6 +181,19 @@ int gguf_writer_copy_kv(gguf_writer *w, const gguf_kv *kv, st_err *err);
 /* Adds a tensor; `data` (nbytes = row bytes * rows) is copied. */
 int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                            const int64_t *ne, const void *data, size_t nbytes, st_err *err);
+/* Streaming variant for large tensors: at write time, `fill` is called with
+ * consecutive row ranges [row0, row0 + n_rows) (a row is ne[0] elements of
+ * `type`, ggml_row layout) and must write exactly n_rows rows into dst.
+ * Rows are requested in order but a fill function should not rely on it.
+ * `ctx` must stay valid until gguf_writer_write returns. */
+typedef int (*gguf_fill_fn)(void *ctx, int64_t tensor_index, int64_t row0, int64_t n_rows,
+                            void *dst, st_err *err);
+int gguf_writer_add_tensor_fill(gguf_writer *w, const char *name, uint32_t type,
+                                uint32_t n_dims, const int64_t *ne, gguf_fill_fn fill, void *ctx,
+                                int64_t tensor_index, st_err *err);
+int64_t gguf_writer_n_tensors(const gguf_writer *w);
+/* Writes the file: to `path`.tmp first, then renamed over `path`, so a failed
+ * write leaves no partial file behind. */
 int gguf_writer_write(gguf_writer *w, const char *path, st_err *err);
 
 #endif
