@@ -13,6 +13,12 @@
  *    built when CUDA is found.
  *
  * Errors: a mismatched call, a bad dtype or a bad root return -1 with err.
+ * The CPU group detects a mismatch (different op, count, dtype or root, or
+ * bad arguments on any rank) on every rank: all of them return -1 with the
+ * same message and no buffer is touched. NCCL checks only the local arguments
+ * (a mismatch between ranks is undefined there, as in NCCL itself).
+ * Stats: the call counters count calls that succeeded; `seconds` accumulates
+ * CLOCK_MONOTONIC time inside every call, failed ones included.
  */
 #ifndef STRATA_COMPUTE_COMM_H
 #define STRATA_COMPUTE_COMM_H
@@ -70,5 +76,9 @@ comm_cpu_group *comm_cpu_group_new(int n_ranks, st_err *err);
 /* The handle of rank r (owned by the group; valid until the group is freed). */
 comm *comm_cpu_rank(comm_cpu_group *g, int rank);
 void comm_cpu_group_free(comm_cpu_group *g);
+/* Pause iterations a rank spins on the barrier before it sleeps (futex).
+ * The default is 2000 when the ranks fit the CPUs; when they outnumber them
+ * it is 0 (two sched_yield rounds, then sleep). Set before the ranks start. */
+void comm_cpu_group_set_spin(comm_cpu_group *g, int spin_iters);
 
 #endif

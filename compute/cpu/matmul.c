@@ -1,43 +1,230 @@
-/* matmul.c — portable reference matmul (scalar). Fast SIMD paths replace it. */
+/* matmul.c — cpu_matmul: argument checks, run-time SIMD dispatch, and the
+ * split of the work over the pool's threads (kernels: matmul_{scalar,avx2,avx512}.c).
+ *
+ * T < CPU_MATVEC_MAX_T: matvec, weight rows split evenly over the threads;
+ * each row is read once and dotted with every token row (memory bound).
+ * Otherwise GEMM: at the AVX-512 level the own register-blocked kernel
+ * (x packed transposed once per chunk of tokens, by all threads); at the other
+ * levels, or with STRATA_GEMM=blas, OpenBLAS sgemm (one thread: our pool
+ * splits the rows) on tiles of weight rows converted to f32.
+ *
+ * The level is detected once (pthread_once); STRATA_SIMD=scalar|avx2|avx512
+ * forces a lower one, cpu_matmul_set_level() changes it (tests, benches).
+ */
 #include "compute/cpu/matmul.h"
 
+#include <cblas.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/dtype.h"
+#include "common/log.h"
+#include "compute/cpu/simd.h"
+
+/* Measured on a 2-core AVX-512 VM (strata-bench-matmul, F16): the matvec is
+ * memory bound up to T≈4..6, the GEMM wins from T=6 on. */
+#define CPU_MATVEC_MAX_T 6
+#define BLAS_TILE_ROWS 64
+
+/* Process-wide dispatch state (a cached CPU probe, not model state). */
+static pthread_once_t mm_once = PTHREAD_ONCE_INIT;
+static int mm_best = CPU_SIMD_SCALAR;
+static atomic_int mm_level = CPU_SIMD_SCALAR;
+static atomic_int mm_blas_gemm = 0;
+
+static const char *level_names[] = {"scalar", "avx2", "avx512"};
+
+static int parse_level(const char *s) {
+    for (int i = 0; i < 3; i++)
+        if (s && strcmp(s, level_names[i]) == 0) return i;
+    return -1;
+}
+
+void openblas_set_num_threads(int num_threads);
+
+static void mm_init(void) {
+    __builtin_cpu_init();
+    int best = CPU_SIMD_SCALAR;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        best = CPU_SIMD_AVX2;
+    if (best == CPU_SIMD_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        best = CPU_SIMD_AVX512;
+    mm_best = best;
+    int lv = best;
+    const char *env = getenv("STRATA_SIMD");
+    if (env && *env) {
+        int want = parse_level(env);
+        if (want < 0)
+            ST_WARN("STRATA_SIMD=%s is not scalar, avx2 or avx512; using %s", env, level_names[best]);
+        else if (want > best)
+            ST_WARN("STRATA_SIMD=%s is not supported by this CPU; using %s", env, level_names[best]);
+        else
+            lv = want;
+    }
+    atomic_store(&mm_level, lv);
+    const char *g = getenv("STRATA_GEMM");
+    if (g && strcmp(g, "blas") == 0) atomic_store(&mm_blas_gemm, 1);
+    openblas_set_num_threads(1);
+}
+
+const char *cpu_simd_level(void) {
+    pthread_once(&mm_once, mm_init);
+    return level_names[atomic_load(&mm_level)];
+}
+
+int cpu_matmul_set_level(const char *level, st_err *err) {
+    pthread_once(&mm_once, mm_init);
+    int lv = parse_level(level);
+    if (lv < 0) return st_errf(err, "matmul: unknown SIMD level '%s' (scalar, avx2, avx512)", level ? level : "(null)");
+    if (lv > mm_best)
+        return st_errf(err, "matmul: SIMD level %s is not supported by this CPU (best: %s)", level, level_names[mm_best]);
+    atomic_store(&mm_level, lv);
+    return 0;
+}
+
+void cpu_matmul_set_blas_gemm(int on) {
+    pthread_once(&mm_once, mm_init);
+    atomic_store(&mm_blas_gemm, on ? 1 : 0);
+}
+
+static const cpu_kernels *kernels_for(int lv) {
+    switch (lv) {
+    case CPU_SIMD_AVX512: return &cpu_kernels_avx512;
+    case CPU_SIMD_AVX2: return &cpu_kernels_avx2;
+    default: return &cpu_kernels_scalar;
+    }
+}
 
 typedef struct {
+    const cpu_kernels *kn;
     float *y;
     const float *x;
     const uint8_t *w;
     uint32_t wtype;
     int64_t T, K, N;
-    size_t row_bytes;
+    size_t rb;
+    float *scratch;   /* per thread: scratch_n floats each */
+    size_t scratch_n;
+    cpu_gemm_args g;  /* own GEMM */
 } mm_job;
 
-static void mm_rows(void *p, int ith, int nth) {
+static void run_matvec(void *p, int ith, int nth) {
     mm_job *j = p;
     long lo, hi;
     st_split_range((long)j->N, ith, nth, &lo, &hi);
-    float *row = malloc(sizeof(float) * (size_t)j->K);
-    for (long n = lo; n < hi; n++) {
-        st_dequant_row(j->wtype, j->w + (size_t)n * j->row_bytes, row, j->K);
-        for (int64_t i = 0; i < j->T; i++) {
-            const float *xi = j->x + i * j->K;
-            float s = 0;
-            for (int64_t k = 0; k < j->K; k++) s += xi[k] * row[k];
-            j->y[i * j->N + n] = s;
-        }
+    if (hi <= lo) return;
+    j->kn->matvec(j->wtype, j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->x, j->T, j->K, j->y + lo, j->N,
+                  j->scratch ? j->scratch + (size_t)ith * j->scratch_n : NULL);
+}
+
+/* xp[k*Tp + t] = x[t*K + k] (t < T), 0 for T <= t < Tp; threads split k. */
+static void run_pack(void *p, int ith, int nth) {
+    mm_job *j = p;
+    const cpu_gemm_args *g = &j->g;
+    long lo, hi;
+    st_split_range((long)j->K, ith, nth, &lo, &hi);
+    float *xp = (float *)g->xp;
+    for (long k = lo; k < hi; k++) memset(xp + k * g->Tp + g->T, 0, sizeof(float) * (size_t)(g->Tp - g->T));
+    for (int64_t t = 0; t < g->T; t++) {
+        const float *xt = j->x + t * j->K;
+        for (long k = lo; k < hi; k++) xp[k * g->Tp + t] = xt[k];
     }
-    free(row);
+}
+
+static void run_own_gemm(void *p, int ith, int nth) {
+    mm_job *j = p;
+    long lo, hi;
+    st_split_range((long)j->N, ith, nth, &lo, &hi);
+    if (hi <= lo) return;
+    float *wc = j->scratch + (size_t)ith * j->scratch_n;
+    j->kn->gemm(&j->g, lo, hi, wc, wc + CPU_GEMM_NB * CPU_GEMM_KC);
+}
+
+static void run_blas_gemm(void *p, int ith, int nth) {
+    mm_job *j = p;
+    long lo, hi;
+    st_split_range((long)j->N, ith, nth, &lo, &hi);
+    float *tile = j->scratch + (size_t)ith * j->scratch_n;
+    for (long n0 = lo; n0 < hi; n0 += BLAS_TILE_ROWS) {
+        int64_t nb = hi - n0 < BLAS_TILE_ROWS ? hi - n0 : BLAS_TILE_ROWS;
+        const float *b = tile;
+        if (j->wtype == GGML_TYPE_F32)
+            b = (const float *)(j->w + (size_t)n0 * j->rb); /* already f32: no copy */
+        else
+            j->kn->to_f32(j->wtype, j->w + (size_t)n0 * j->rb, j->rb, nb, 0, j->K, tile, j->K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->T, (int)nb, (int)j->K, 1.0f, j->x,
+                    (int)j->K, b, (int)j->K, 0.0f, j->y + n0, (int)j->N);
+    }
+}
+
+static void *alloc64(size_t nfloats) {
+    size_t bytes = (nfloats * sizeof(float) + 63) / 64 * 64;
+    return aligned_alloc(64, bytes ? bytes : 64);
 }
 
 int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                int64_t K, int64_t N, st_err *err) {
+    pthread_once(&mm_once, mm_init);
+    if (!ggml_type_supported(wtype))
+        return st_errf(err, "matmul: unsupported weight type %s (%u)", ggml_type_name(wtype), wtype);
+    if (T < 0 || K <= 0 || N < 0 || K > INT32_MAX || N > INT32_MAX)
+        return st_errf(err, "matmul: bad shape T=%lld K=%lld N=%lld", (long long)T, (long long)K, (long long)N);
     size_t rb = ggml_row_bytes(wtype, K);
-    if (rb == 0) return st_errf(err, "matmul: unsupported weight type %s for K=%lld", ggml_type_name(wtype), (long long)K);
-    mm_job j = {y, x, w, wtype, T, K, N, rb};
-    st_pool_run(pool, mm_rows, &j);
+    if (rb == 0)
+        return st_errf(err, "matmul: K=%lld is not a multiple of the %s block size %d", (long long)K,
+                       ggml_type_name(wtype), ggml_block_size(wtype));
+    if (T == 0 || N == 0) return 0;
+    if (!y || !x || !w) return st_errf(err, "matmul: NULL buffer");
+
+    int lv = atomic_load(&mm_level);
+    const cpu_kernels *kn = kernels_for(lv);
+    int nth = st_pool_size(pool);
+    mm_job j = {.kn = kn, .y = y, .x = x, .w = w, .wtype = wtype, .T = T, .K = K, .N = N, .rb = rb};
+
+    if (T < CPU_MATVEC_MAX_T) {
+        if (lv == CPU_SIMD_SCALAR) {
+            j.scratch_n = (size_t)K;
+            j.scratch = malloc(sizeof(float) * j.scratch_n * (size_t)nth);
+            if (!j.scratch) return st_errf(err, "matmul: out of memory");
+        }
+        st_pool_run(pool, run_matvec, &j);
+        free(j.scratch);
+        return 0;
+    }
+
+    if (kn->gemm && !atomic_load(&mm_blas_gemm)) {
+        int64_t tc_max = T < CPU_GEMM_TC ? T : CPU_GEMM_TC;
+        int64_t tp_max = (tc_max + 15) / 16 * 16;
+        j.scratch_n = (size_t)(CPU_GEMM_NB * CPU_GEMM_KC + CPU_GEMM_NB * tp_max);
+        j.scratch = alloc64(j.scratch_n * (size_t)nth);
+        float *xp = alloc64((size_t)K * (size_t)tp_max);
+        if (!j.scratch || !xp) {
+            free(j.scratch);
+            free(xp);
+            return st_errf(err, "matmul: out of memory");
+        }
+        for (int64_t t0 = 0; t0 < T; t0 += CPU_GEMM_TC) {
+            int64_t tc = T - t0 < CPU_GEMM_TC ? T - t0 : CPU_GEMM_TC;
+            j.x = x + t0 * K;
+            j.g = (cpu_gemm_args){.w = w, .rb = rb, .wtype = wtype, .K = K, .N = N, .xp = xp, .T = tc,
+                                  .Tp = (tc + 15) / 16 * 16, .y = y + t0 * N};
+            st_pool_run(pool, run_pack, &j);
+            st_pool_run(pool, run_own_gemm, &j);
+        }
+        free(xp);
+        free(j.scratch);
+        return 0;
+    }
+
+    if (wtype != GGML_TYPE_F32) {
+        j.scratch_n = (size_t)BLAS_TILE_ROWS * (size_t)K;
+        j.scratch = alloc64(j.scratch_n * (size_t)nth);
+        if (!j.scratch) return st_errf(err, "matmul: out of memory");
+    }
+    st_pool_run(pool, run_blas_gemm, &j);
+    free(j.scratch);
     return 0;
 }
-
-const char *cpu_simd_level(void) { return "scalar"; }

@@ -20,7 +20,17 @@
 int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t wtype, int64_t T,
                int64_t K, int64_t N, st_err *err);
 
-/* The SIMD level chosen at run time: "avx512", "avx2", or "scalar". */
+/* The SIMD level chosen at run time: "avx512", "avx2", or "scalar" — the
+ * best the CPU has, or a lower one forced by STRATA_SIMD=scalar|avx2|avx512. */
 const char *cpu_simd_level(void);
+
+/* Forces the SIMD level for the whole process (tests and benchmarks; not
+ * thread-safe against concurrent cpu_matmul calls). Returns -1 with err for an
+ * unknown name or a level this CPU lacks. */
+int cpu_matmul_set_level(const char *level, st_err *err);
+
+/* Prefill through OpenBLAS sgemm even where the own AVX-512 GEMM exists
+ * (benchmarks; also STRATA_GEMM=blas). */
+void cpu_matmul_set_blas_gemm(int on);
 
 #endif

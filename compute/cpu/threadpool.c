@@ -1,21 +1,36 @@
-/* threadpool.c — fork/join pool (see threadpool.h). Workers wait on a condition
- * variable between runs; a run bumps a generation counter and wakes them. */
+/* threadpool.c — fork/join pool (see threadpool.h).
+ *
+ * A run publishes (fn, ctx) and bumps an atomic generation counter. Workers
+ * wait for it spin-then-block: they poll the counter for a short while
+ * (SPIN_NS, yielding the CPU between polls after YIELD_AFTER_NS so that more
+ * threads than cores never starve the thread doing the work), then sleep on a
+ * condition variable. The caller waits for the workers' countdown the same way.
+ * Back-to-back runs (a decode step's matmuls) thus cost no syscalls, and an
+ * idle or oversubscribed pool sleeps instead of burning CPU.
+ */
 #define _GNU_SOURCE
 #include "compute/cpu/threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
+
+#define SPIN_NS 60000L        /* poll this long before sleeping */
+#define YIELD_AFTER_NS 15000L /* after this, sched_yield() between polls */
 
 struct st_pool {
     int n;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t start_cv, done_cv;
-    unsigned long generation;
-    int pending;
-    int stop;
+    atomic_ulong generation;
+    atomic_int pending;
+    atomic_int stop;
+    int sleepers;    /* workers blocked on start_cv (under mu) */
+    int caller_wait; /* caller blocked on done_cv (under mu) */
     st_pool_fn fn;
     void *ctx;
 };
@@ -25,6 +40,45 @@ typedef struct {
     int ith;
 } worker_arg;
 
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Polls until pred(pool, arg) holds or the spin budget is spent; returns
+ * whether it holds. */
+static int spin_until(st_pool *pool, int (*pred)(st_pool *, unsigned long), unsigned long arg) {
+    long t0 = 0;
+    for (unsigned i = 0;; i++) {
+        if (pred(pool, arg)) return 1;
+        if ((i & 31) == 31) {
+            long t = now_ns();
+            if (t0 == 0) t0 = t;
+            long el = t - t0;
+            if (el > SPIN_NS) return pred(pool, arg);
+            if (el > YIELD_AFTER_NS) sched_yield();
+        }
+        cpu_relax();
+    }
+}
+
+static int has_work(st_pool *p, unsigned long seen) {
+    return atomic_load_explicit(&p->generation, memory_order_acquire) != seen ||
+           atomic_load_explicit(&p->stop, memory_order_acquire);
+}
+
+static int all_done(st_pool *p, unsigned long unused) {
+    (void)unused;
+    return atomic_load_explicit(&p->pending, memory_order_acquire) == 0;
+}
+
 static void *worker_main(void *p) {
     worker_arg *a = p;
     st_pool *pool = a->pool;
@@ -32,22 +86,21 @@ static void *worker_main(void *p) {
     free(a);
     unsigned long seen = 0;
     for (;;) {
-        pthread_mutex_lock(&pool->mu);
-        while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->start_cv, &pool->mu);
-        if (pool->stop) {
+        if (!spin_until(pool, has_work, seen)) {
+            pthread_mutex_lock(&pool->mu);
+            pool->sleepers++;
+            while (!has_work(pool, seen)) pthread_cond_wait(&pool->start_cv, &pool->mu);
+            pool->sleepers--;
             pthread_mutex_unlock(&pool->mu);
-            return NULL;
         }
-        seen = pool->generation;
-        st_pool_fn fn = pool->fn;
-        void *ctx = pool->ctx;
-        pthread_mutex_unlock(&pool->mu);
-
-        fn(ctx, ith, pool->n);
-
-        pthread_mutex_lock(&pool->mu);
-        if (--pool->pending == 0) pthread_cond_signal(&pool->done_cv);
-        pthread_mutex_unlock(&pool->mu);
+        if (atomic_load_explicit(&pool->stop, memory_order_acquire)) return NULL;
+        seen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        pool->fn(pool->ctx, ith, pool->n);
+        if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool->mu);
+            if (pool->caller_wait) pthread_cond_signal(&pool->done_cv);
+            pthread_mutex_unlock(&pool->mu);
+        }
     }
 }
 
@@ -63,18 +116,29 @@ int st_cpu_count(void) {
 
 st_pool *st_pool_new(int n_threads, st_err *err) {
     if (n_threads <= 0) n_threads = st_cpu_count();
+    if (n_threads > 1024) return st_errf(err, "thread pool: %d threads is too many", n_threads), NULL;
     st_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return st_errf(err, "thread pool: out of memory"), NULL;
     pool->n = n_threads;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->start_cv, NULL);
     pthread_cond_init(&pool->done_cv, NULL);
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->pending, 0);
+    atomic_init(&pool->stop, 0);
     pool->threads = calloc((size_t)n_threads, sizeof *pool->threads);
+    if (!pool->threads) {
+        pool->n = 1;
+        st_pool_free(pool);
+        return st_errf(err, "thread pool: out of memory"), NULL;
+    }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *a = malloc(sizeof *a);
-        a->pool = pool;
-        a->ith = i;
-        if (pthread_create(&pool->threads[i], NULL, worker_main, a) != 0) {
+        if (a) {
+            a->pool = pool;
+            a->ith = i;
+        }
+        if (!a || pthread_create(&pool->threads[i], NULL, worker_main, a) != 0) {
             free(a);
             pool->n = i;
             st_pool_free(pool);
@@ -87,7 +151,7 @@ st_pool *st_pool_new(int n_threads, st_err *err) {
 void st_pool_free(st_pool *pool) {
     if (!pool) return;
     pthread_mutex_lock(&pool->mu);
-    pool->stop = 1;
+    atomic_store_explicit(&pool->stop, 1, memory_order_release);
     pthread_cond_broadcast(&pool->start_cv);
     pthread_mutex_unlock(&pool->mu);
     for (int i = 1; i < pool->n; i++) pthread_join(pool->threads[i], NULL);
@@ -105,17 +169,23 @@ void st_pool_run(st_pool *pool, st_pool_fn fn, void *ctx) {
         fn(ctx, 0, 1);
         return;
     }
-    pthread_mutex_lock(&pool->mu);
     pool->fn = fn;
     pool->ctx = ctx;
-    pool->pending = pool->n - 1;
-    pool->generation++;
-    pthread_cond_broadcast(&pool->start_cv);
+    atomic_store_explicit(&pool->pending, pool->n - 1, memory_order_relaxed);
+    /* The release publishes fn, ctx and pending to workers that see the new generation. */
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_acq_rel);
+    pthread_mutex_lock(&pool->mu);
+    if (pool->sleepers) pthread_cond_broadcast(&pool->start_cv);
     pthread_mutex_unlock(&pool->mu);
 
     fn(ctx, 0, pool->n);
 
-    pthread_mutex_lock(&pool->mu);
-    while (pool->pending > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
-    pthread_mutex_unlock(&pool->mu);
+    if (!spin_until(pool, all_done, 0)) {
+        pthread_mutex_lock(&pool->mu);
+        pool->caller_wait = 1;
+        while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0)
+            pthread_cond_wait(&pool->done_cv, &pool->mu);
+        pool->caller_wait = 0;
+        pthread_mutex_unlock(&pool->mu);
+    }
 }

@@ -1,0 +1,264 @@
+/* matmul_avx512.c — AVX-512 (F+BW+VL, with F16C/FMA) kernels for cpu_matmul
+ * (compiled with those -m flags; only called when the CPU has them).
+ *
+ * Matvec (decode): one weight row converted 16 lanes at a time (F16 via
+ * vcvtph2ps, BF16 by a 16-bit shift, Q8_0/Q4_0 by integer widening with one
+ * scale per 32-block), dotted with up to 4 token rows while in registers;
+ * K tails use masked loads.
+ *
+ * GEMM (prefill): the classic register-blocked outer-product kernel (as in
+ * BLIS/OpenBLAS): x is packed transposed (xp[k][t], matmul.c), a tile of
+ * CPU_GEMM_NB weight rows × CPU_GEMM_KC columns is converted to f32, and a
+ * 6-row × 64-token micro-kernel keeps 24 zmm accumulators. Each output is a
+ * plain sequential f32 FMA sum over k.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "compute/cpu/simd.h"
+
+#define AI static inline __attribute__((always_inline))
+
+AI float ld_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+AI __m512 load_f32(const uint8_t *r, int64_t k) { return _mm512_loadu_ps((const float *)r + k); }
+AI __m512 loadm_f32(const uint8_t *r, int64_t k, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, (const float *)r + k);
+}
+AI __m512 load_f16(const uint8_t *r, int64_t k) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * k)));
+}
+AI __m512 loadm_f16(const uint8_t *r, int64_t k, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r + 2 * k));
+}
+AI __m512 load_bf16(const uint8_t *r, int64_t k) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r + 2 * k)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+AI __m512 loadm_bf16(const uint8_t *r, int64_t k, __mmask16 m) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r + 2 * k));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* Dense types: one row × NT token rows, two accumulators per token. */
+#define DEF_DENSE(TY)                                                                          \
+    AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) { \
+        __m512 a0[4], a1[4];                                                                   \
+        for (int t = 0; t < NT; t++) a0[t] = a1[t] = _mm512_setzero_ps();                     \
+        int64_t k = 0;                                                                         \
+        for (; k + 32 <= K; k += 32) {                                                         \
+            __m512 w0 = load_##TY(wr, k), w1 = load_##TY(wr, k + 16);                          \
+            for (int t = 0; t < NT; t++) {                                                     \
+                a0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * K + k), a0[t]);            \
+                a1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * K + k + 16), a1[t]);       \
+            }                                                                                  \
+        }                                                                                      \
+        for (; k < K; k += 16) {                                                               \
+            __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);   \
+            __m512 w0 = loadm_##TY(wr, k, m);                                                  \
+            for (int t = 0; t < NT; t++)                                                       \
+                a0[t] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + t * K + k), a0[t]);   \
+        }                                                                                      \
+        for (int t = 0; t < NT; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])); \
+    }
+DEF_DENSE(f32)
+DEF_DENSE(f16)
+DEF_DENSE(bf16)
+
+AI void q8_unpack(const uint8_t *q, __m512 v[2]) {
+    v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+    v[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
+}
+
+/* Q4_0 block: byte i holds x[i] (low nibble) and x[i+16] (high), q - 8. */
+AI void q4_unpack(const uint8_t *q, __m512 v[2]) {
+    const __m512i m = _mm512_set1_epi32(0x0f), e = _mm512_set1_epi32(8);
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    v[0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, m), e));
+    v[1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), e));
+}
+
+#define DEF_QUANT(TY, QK, BYTES)                                                               \
+    AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) { \
+        __m512 acc[4];                                                                         \
+        for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();                            \
+        for (int64_t k = 0; k < K; k += QK, wr += BYTES) {                                     \
+            __m512 d = _mm512_set1_ps(ld_f16(wr)), v[2];                                       \
+            TY##_unpack_(wr + 2, v);                                                           \
+            for (int t = 0; t < NT; t++) {                                                     \
+                const float *xt = x + t * K + k;                                               \
+                __m512 s = _mm512_mul_ps(v[0], _mm512_loadu_ps(xt));                           \
+                s = _mm512_fmadd_ps(v[1], _mm512_loadu_ps(xt + 16), s);                        \
+                acc[t] = _mm512_fmadd_ps(s, d, acc[t]);                                        \
+            }                                                                                  \
+        }                                                                                      \
+        for (int t = 0; t < NT; t++) out[t] = _mm512_reduce_add_ps(acc[t]);                    \
+    }
+#define q8_0_unpack_ q8_unpack
+#define q4_0_unpack_ q4_unpack
+DEF_QUANT(q8_0, QK8_0, 2 + QK8_0)
+DEF_QUANT(q4_0, QK4_0, 2 + QK4_0 / 2)
+
+/* Rows × token chunks of 4; NT is a constant in each call so the
+ * accumulators stay in registers. */
+#define DEF_MATVEC(TY)                                                                          \
+    static void mv_##TY(const uint8_t *w, size_t rb, int64_t nrows, const float *x, int64_t T, \
+                        int64_t K, float *y, int64_t ldy) {                                     \
+        float o[4];                                                                             \
+        for (int64_t r = 0; r < nrows; r++) {                                                   \
+            const uint8_t *wr = w + (size_t)r * rb;                                             \
+            for (int64_t t0 = 0; t0 < T; t0 += 4) {                                             \
+                int64_t nt = T - t0 < 4 ? T - t0 : 4;                                           \
+                const float *xt = x + t0 * K;                                                   \
+                switch (nt) {                                                                   \
+                case 4: dot_##TY(wr, xt, K, 4, o); break;                                       \
+                case 3: dot_##TY(wr, xt, K, 3, o); break;                                       \
+                case 2: dot_##TY(wr, xt, K, 2, o); break;                                       \
+                default: dot_##TY(wr, xt, K, 1, o); break;                                      \
+                }                                                                               \
+                for (int64_t t = 0; t < nt; t++) y[(t0 + t) * ldy + r] = o[t];                  \
+            }                                                                                   \
+        }                                                                                       \
+    }
+DEF_MATVEC(f32)
+DEF_MATVEC(f16)
+DEF_MATVEC(bf16)
+DEF_MATVEC(q8_0)
+DEF_MATVEC(q4_0)
+
+static void av5_matvec(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, const float *x,
+                       int64_t T, int64_t K, float *y, int64_t ldy, float *scratch) {
+    switch (wtype) {
+    case GGML_TYPE_F32: mv_f32(w, rb, nrows, x, T, K, y, ldy); break;
+    case GGML_TYPE_F16: mv_f16(w, rb, nrows, x, T, K, y, ldy); break;
+    case GGML_TYPE_BF16: mv_bf16(w, rb, nrows, x, T, K, y, ldy); break;
+    case GGML_TYPE_Q8_0: mv_q8_0(w, rb, nrows, x, T, K, y, ldy); break;
+    case GGML_TYPE_Q4_0: mv_q4_0(w, rb, nrows, x, T, K, y, ldy); break;
+    default: break; /* rejected by cpu_matmul */
+    }
+}
+
+#define DEF_CONV_DENSE(TY)                                                                 \
+    static void conv_##TY(const uint8_t *wr, int64_t k0, int64_t kc, float *d) {          \
+        int64_t i = 0;                                                                     \
+        for (; i + 16 <= kc; i += 16) _mm512_storeu_ps(d + i, load_##TY(wr, k0 + i));     \
+        if (i < kc) {                                                                      \
+            __mmask16 m = (__mmask16)((1u << (kc - i)) - 1);                               \
+            _mm512_mask_storeu_ps(d + i, m, loadm_##TY(wr, k0 + i, m));                    \
+        }                                                                                  \
+    }
+DEF_CONV_DENSE(f32)
+DEF_CONV_DENSE(f16)
+DEF_CONV_DENSE(bf16)
+
+static void av5_to_f32(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, int64_t k0,
+                       int64_t kc, float *dst, int64_t ldd) {
+    for (int64_t r = 0; r < nrows; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        float *d = dst + r * ldd;
+        switch (wtype) {
+        case GGML_TYPE_F32: conv_f32(wr, k0, kc, d); break;
+        case GGML_TYPE_F16: conv_f16(wr, k0, kc, d); break;
+        case GGML_TYPE_BF16: conv_bf16(wr, k0, kc, d); break;
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q4_0: {
+            int q8 = wtype == GGML_TYPE_Q8_0;
+            size_t bb = q8 ? 2 + QK8_0 : 2 + QK4_0 / 2;
+            const uint8_t *b = wr + (size_t)(k0 / 32) * bb;
+            for (int64_t i = 0; i < kc; i += 32, b += bb) {
+                __m512 dd = _mm512_set1_ps(ld_f16(b)), v[2];
+                if (q8)
+                    q8_unpack(b + 2, v);
+                else
+                    q4_unpack(b + 2, v);
+                _mm512_storeu_ps(d + i, _mm512_mul_ps(dd, v[0]));
+                _mm512_storeu_ps(d + i + 16, _mm512_mul_ps(dd, v[1]));
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* C[i][t] (+)= sum_k A[i][k] * B[k][t] for i < MR, t < 16*NV.
+ * A: converted weight rows (lda), B: packed x (ldb = Tp), C: cbuf (ldc = Tp). */
+AI void micro(const int NV, int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb,
+              float *C, int64_t ldc, int first) {
+    __m512 c[CPU_GEMM_MR][4];
+#pragma GCC unroll 6
+    for (int i = 0; i < CPU_GEMM_MR; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+            c[i][v] = first ? _mm512_setzero_ps() : _mm512_load_ps(C + i * ldc + 16 * v);
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) b[v] = _mm512_load_ps(B + k * ldb + 16 * v);
+#pragma GCC unroll 6
+        for (int i = 0; i < CPU_GEMM_MR; i++) {
+            __m512 a = _mm512_set1_ps(A[i * lda + k]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[i][v] = _mm512_fmadd_ps(a, b[v], c[i][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < CPU_GEMM_MR; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) _mm512_store_ps(C + i * ldc + 16 * v, c[i][v]);
+}
+
+static void micro4(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int first) {
+    micro(4, kc, A, lda, B, ldb, C, ldc, first);
+}
+static void micro3(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int first) {
+    micro(3, kc, A, lda, B, ldb, C, ldc, first);
+}
+static void micro2(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int first) {
+    micro(2, kc, A, lda, B, ldb, C, ldc, first);
+}
+static void micro1(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int first) {
+    micro(1, kc, A, lda, B, ldb, C, ldc, first);
+}
+
+static void av5_gemm(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc, float *cbuf) {
+    const int64_t K = a->K, Tp = a->Tp;
+    for (int64_t nb0 = n_lo; nb0 < n_hi; nb0 += CPU_GEMM_NB) {
+        int64_t nb = n_hi - nb0 < CPU_GEMM_NB ? n_hi - nb0 : CPU_GEMM_NB;
+        int64_t nbp = (nb + CPU_GEMM_MR - 1) / CPU_GEMM_MR * CPU_GEMM_MR;
+        for (int64_t k0 = 0; k0 < K; k0 += CPU_GEMM_KC) {
+            int64_t kc = K - k0 < CPU_GEMM_KC ? K - k0 : CPU_GEMM_KC;
+            av5_to_f32(a->wtype, a->w + (size_t)nb0 * a->rb, a->rb, nb, k0, kc, wc, kc);
+            memset(wc + nb * kc, 0, sizeof(float) * (size_t)((nbp - nb) * kc));
+            for (int64_t t0 = 0; t0 < Tp; t0 += 64) {
+                int64_t nv = (Tp - t0) / 16 < 4 ? (Tp - t0) / 16 : 4;
+                const float *B = a->xp + k0 * Tp + t0;
+                for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR) {
+                    const float *A = wc + m0 * kc;
+                    float *C = cbuf + m0 * Tp + t0;
+                    switch (nv) {
+                    case 4: micro4(kc, A, kc, B, Tp, C, Tp, k0 == 0); break;
+                    case 3: micro3(kc, A, kc, B, Tp, C, Tp, k0 == 0); break;
+                    case 2: micro2(kc, A, kc, B, Tp, C, Tp, k0 == 0); break;
+                    default: micro1(kc, A, kc, B, Tp, C, Tp, k0 == 0); break;
+                    }
+                }
+            }
+        }
+        for (int64_t t = 0; t < a->T; t++) {
+            float *yt = a->y + t * a->N + nb0;
+            for (int64_t n = 0; n < nb; n++) yt[n] = cbuf[n * Tp + t];
+        }
+    }
+}
+
+const cpu_kernels cpu_kernels_avx512 = {"avx512", av5_matvec, av5_to_f32, av5_gemm};

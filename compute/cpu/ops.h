@@ -1,0 +1,35 @@
+/* ops.h — the CPU kernels behind the CPU backend (compute/cpu/backend_cpu.c),
+ * other than matmul: each works on a range of rows so that the backend can
+ * split it over its thread pool. Formulas and sources: compute/backend.h.
+ * Internal to compute/cpu. */
+#ifndef STRATA_COMPUTE_CPU_OPS_H
+#define STRATA_COMPUTE_CPU_OPS_H
+
+#include <stdint.h>
+
+/* Rows [r0, r1) of y[., n] = x / sqrt(mean(x^2) + eps) * w[n] (sum in double, as ggml). */
+void ops_rmsnorm_rows(float *y, const float *x, const float *w, int64_t n, float eps, int64_t r0,
+                      int64_t r1);
+
+/* RoPE normal mode on rows [r0, r1) of x[., n_head * head_dim], row t at
+ * position pos[t]; n_rot <= OPS_ROPE_MAX_DIM. */
+#define OPS_ROPE_MAX_DIM 1024
+void ops_rope_rows(float *x, int n_head, int head_dim, int n_rot, const int32_t *pos, float base,
+                   const float *freq_factors, int64_t r0, int64_t r1);
+
+/* One query head of one token: out[head_dim] = softmax(q·K^T * scale) V over
+ * positions [0, n_pos) of a paged F16 cache. K row of position p:
+ * kcache + (block_table[p / bs] * bs + p % bs) * kv_stride + kv_off (halves).
+ * As ggml with an F16 cache: q and the softmax weights are rounded to f16.
+ * scratch holds n_pos + head_dim floats. */
+void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
+                     const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
+                     int head_dim, int32_t n_pos, float scale, float *scratch);
+
+/* out[i] = silu(gate[i]) * up[i] for i in [i0, i1). */
+void ops_swiglu(float *out, const float *gate, const float *up, int64_t i0, int64_t i1);
+
+/* y[i] += x[i] for i in [i0, i1). */
+void ops_add(float *y, const float *x, int64_t i0, int64_t i1);
+
+#endif

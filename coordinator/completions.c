@@ -1,0 +1,568 @@
+/* completions.c — OpenAI completions: request validation, stop strings,
+ * UTF-8 safe text emission, and response / chunk JSON. See completions.h. */
+#include "coordinator/completions.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors ---------------------------------------------------------------- */
+
+void compl_error_set(compl_error *e, int status, const char *type, const char *param,
+                     const char *code, const char *fmt, ...) {
+    if (!e) return;
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+char *compl_error_json(const compl_error *e) {
+    size_t n;
+    char *msg = compl_utf8_sanitize(e->message, strlen(e->message), &n);
+    if (!msg) return NULL;
+    json_t *err = json_pack("{s:s%,s:s,s:o,s:o}", "message", msg, n, "type",
+                            e->type ? e->type : "invalid_request_error", "param",
+                            e->param[0] ? json_string(e->param) : json_null(), "code",
+                            e->code ? json_string(e->code) : json_null());
+    free(msg);
+    if (!err) return NULL;
+    json_t *root = json_pack("{s:o}", "error", err);
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return s;
+}
+
+/* ---- UTF-8 ------------------------------------------------------------------ */
+
+/* Length of the valid UTF-8 character at s[0..n), 0 when invalid, or -k when
+ * it is a valid but incomplete prefix of k bytes. (RFC 3629: no overlongs,
+ * no surrogates, nothing above U+10FFFF.) */
+static int utf8_char(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    int len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else
+        return 0;
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n) return -i;
+        unsigned b = s[i];
+        if (i == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return 0;
+    }
+    return len;
+}
+
+size_t compl_utf8_incomplete_tail(const char *s, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        const unsigned char *p = (const unsigned char *)s + n - k;
+        if ((*p & 0xC0) == 0x80) continue; /* continuation byte: look further back */
+        int r = utf8_char(p, k);
+        return r < 0 ? k : 0;
+    }
+    return 0;
+}
+
+char *compl_utf8_sanitize(const char *s, size_t n, size_t *out_len) {
+    char *o = malloc(n * 3 + 1); /* each bad byte becomes 3 bytes */
+    if (!o) return NULL;
+    size_t j = 0;
+    for (size_t i = 0; i < n;) {
+        int r = utf8_char((const unsigned char *)s + i, n - i);
+        if (r > 0) {
+            memcpy(o + j, s + i, (size_t)r);
+            j += (size_t)r;
+            i += (size_t)r;
+        } else {
+            memcpy(o + j, "\xEF\xBF\xBD", 3);
+            j += 3;
+            i += r < 0 ? (size_t)-r : 1;
+        }
+    }
+    o[j] = '\0';
+    if (out_len) *out_len = j;
+    return o;
+}
+
+static json_t *jstr(const char *s, size_t n) {
+    size_t m;
+    char *t = compl_utf8_sanitize(s, n, &m);
+    if (!t) return NULL;
+    json_t *j = json_stringn_nocheck(t, m);
+    free(t);
+    return j;
+}
+
+/* ---- request parsing ---------------------------------------------------------- */
+
+static int bad(compl_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(compl_error *e, const char *param, const char *fmt, ...) {
+    char msg[ST_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    compl_error_set(e, 400, "invalid_request_error", param, NULL, "%s", msg);
+    return -1;
+}
+
+static json_t *field(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return (v && !json_is_null(v)) ? v : NULL;
+}
+
+static int get_num(json_t *o, const char *key, double lo, double hi, bool lo_open, double *out,
+                   compl_error *e) {
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return bad(e, key, "'%s' must be a number", key);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo))
+        return bad(e, key, "'%s' must be in %s%g, %g]; got %g", key, lo_open ? "(" : "[", lo, hi,
+                   x);
+    *out = x;
+    return 0;
+}
+
+static int get_int(json_t *o, const char *key, long long lo, long long hi, long long *out,
+                   compl_error *e) {
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_integer(v)) return bad(e, key, "'%s' must be an integer", key);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return bad(e, key, "'%s' must be in [%lld, %lld]; got %lld", key, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *key, bool *out, compl_error *e) {
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return bad(e, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_str(json_t *o, const char *key, char **out, compl_error *e) {
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_string(v)) return bad(e, key, "'%s' must be a string", key);
+    *out = strndup(json_string_value(v), json_string_length(v));
+    if (!*out) return bad(e, key, "out of memory");
+    return 0;
+}
+
+static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, compl_error *e) {
+    /* prompt: a string (or a list holding exactly one string). */
+    json_t *p = json_object_get(o, "prompt");
+    if (!p || json_is_null(p)) return bad(e, "prompt", "'prompt' is required");
+    if (json_is_array(p)) {
+        if (json_array_size(p) != 1 || !json_is_string(json_array_get(p, 0)))
+            return bad(e, "prompt",
+                       "'prompt' must be a string (a list is accepted only with one string; "
+                       "token-id prompts and batches are not supported)");
+        p = json_array_get(p, 0);
+    }
+    if (!json_is_string(p)) return bad(e, "prompt", "'prompt' must be a string");
+    r->prompt_len = json_string_length(p);
+    if (memchr(json_string_value(p), '\0', r->prompt_len))
+        return bad(e, "prompt", "'prompt' must not contain NUL characters");
+    r->prompt = strndup(json_string_value(p), r->prompt_len);
+    if (!r->prompt) return bad(e, "prompt", "out of memory");
+
+    if (get_str(o, "model", &r->model, e)) return -1;
+    if (r->model && lim && lim->model_name && strcmp(r->model, lim->model_name) != 0) {
+        compl_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model '%.200s' does not exist; this server serves '%.200s'", r->model,
+                        lim->model_name);
+        return -1;
+    }
+    long long x = COMPL_DEFAULT_MAX_TOKENS;
+    if (get_int(o, "max_tokens", 1, INT32_MAX, &x, e)) return -1;
+    if (lim && lim->n_ctx > 0 && x > lim->n_ctx)
+        return bad(e, "max_tokens",
+                   "'max_tokens' is %lld but this model's maximum context length is %d tokens", x,
+                   lim->n_ctx);
+    r->max_tokens = (int)x;
+    if (get_num(o, "temperature", 0, 2, false, &r->temperature, e)) return -1;
+    if (get_num(o, "top_p", 0, 1, true, &r->top_p, e)) return -1;
+    x = 0;
+    if (get_int(o, "top_k", -1, INT32_MAX, &x, e)) return -1;
+    r->top_k = x < 0 ? 0 : (int)x;
+    if (get_num(o, "min_p", 0, 1, false, &r->min_p, e)) return -1;
+    json_t *sv = field(o, "seed");
+    if (sv) {
+        if (!json_is_integer(sv)) return bad(e, "seed", "'seed' must be an integer");
+        r->has_seed = true;
+        r->seed = json_integer_value(sv);
+    }
+    if (get_num(o, "presence_penalty", -2, 2, false, &r->presence_penalty, e)) return -1;
+    if (get_num(o, "frequency_penalty", -2, 2, false, &r->frequency_penalty, e)) return -1;
+
+    json_t *st = field(o, "stop");
+    if (st) {
+        if (json_is_string(st)) {
+            if (json_string_length(st) == 0) return bad(e, "stop", "'stop' must not be empty");
+            r->stop[r->n_stop++] = strndup(json_string_value(st), json_string_length(st));
+        } else if (json_is_array(st)) {
+            if (json_array_size(st) > COMPL_MAX_STOP)
+                return bad(e, "stop", "'stop' has %zu sequences; at most %d are allowed",
+                           json_array_size(st), COMPL_MAX_STOP);
+            size_t i;
+            json_t *s;
+            json_array_foreach(st, i, s) {
+                if (!json_is_string(s) || json_string_length(s) == 0)
+                    return bad(e, "stop", "'stop' must hold non-empty strings");
+                r->stop[r->n_stop] = strndup(json_string_value(s), json_string_length(s));
+                if (!r->stop[r->n_stop]) return bad(e, "stop", "out of memory");
+                r->n_stop++;
+            }
+        } else {
+            return bad(e, "stop", "'stop' must be a string or a list of strings");
+        }
+        for (int i = 0; i < r->n_stop; i++)
+            if (!r->stop[i]) return bad(e, "stop", "out of memory");
+    }
+    if (get_bool(o, "stream", &r->stream, e)) return -1;
+    if (get_bool(o, "return_token_ids", &r->return_token_ids, e)) return -1;
+    if (get_bool(o, "echo", &r->echo, e)) return -1;
+    json_t *so = field(o, "stream_options");
+    if (so) {
+        if (!json_is_object(so)) return bad(e, "stream_options", "'stream_options' must be an object");
+        if (!r->stream)
+            return bad(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+        if (get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    }
+    x = 1;
+    if (get_int(o, "n", LLONG_MIN, LLONG_MAX, &x, e)) return -1;
+    if (x != 1) return bad(e, "n", "'n' must be 1 (got %lld): one completion per request", x);
+    x = 1;
+    if (get_int(o, "best_of", LLONG_MIN, LLONG_MAX, &x, e)) return -1;
+    if (x != 1) return bad(e, "best_of", "'best_of' must be 1 (got %lld)", x);
+    json_t *lp = field(o, "logprobs");
+    if (lp) {
+        if (!json_is_integer(lp))
+            return bad(e, "logprobs", "'logprobs' must be an integer in [0, %d]", COMPL_MAX_LOGPROBS);
+        long long k = json_integer_value(lp);
+        if (k < 0 || k > COMPL_MAX_LOGPROBS)
+            return bad(e, "logprobs", "'logprobs' must be in [0, %d]; got %lld", COMPL_MAX_LOGPROBS, k);
+        r->logprobs = (int)k;
+    }
+    if (r->echo && r->logprobs >= 0)
+        return bad(e, "echo", "'echo' together with 'logprobs' is not supported (no prompt logprobs)");
+    if (get_str(o, "user", &r->user, e)) return -1;
+    json_t *sfx = field(o, "suffix");
+    if (sfx && (!json_is_string(sfx) || json_string_length(sfx) > 0))
+        return bad(e, "suffix", "'suffix' is not supported");
+    json_t *lb = field(o, "logit_bias");
+    if (lb && (!json_is_object(lb) || json_object_size(lb) > 0))
+        return bad(e, "logit_bias", "'logit_bias' is not supported");
+    return 0;
+}
+
+int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_request *r,
+                compl_error *e) {
+    memset(r, 0, sizeof *r);
+    r->max_tokens = COMPL_DEFAULT_MAX_TOKENS;
+    r->temperature = 1.0;
+    r->top_p = 1.0;
+    r->logprobs = -1;
+    json_error_t jerr;
+    json_t *o = json_loadb(body, len, JSON_DECODE_ANY, &jerr);
+    if (!o) {
+        compl_error_set(e, 400, "invalid_request_error", NULL, NULL,
+                        "the body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                        jerr.column);
+        return -1;
+    }
+    int rc;
+    if (!json_is_object(o))
+        rc = bad(e, NULL, "the body must be a JSON object");
+    else
+        rc = parse_fields(o, lim, r, e);
+    json_decref(o);
+    if (rc != 0) compl_request_free(r);
+    return rc;
+}
+
+void compl_request_free(compl_request *r) {
+    if (!r) return;
+    free(r->prompt);
+    free(r->model);
+    free(r->user);
+    for (int i = 0; i < COMPL_MAX_STOP; i++) free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+    r->logprobs = -1;
+}
+
+/* ---- output ------------------------------------------------------------------ */
+
+/* Logprobs arrays of the tokens not yet emitted (streaming) or of all (not). */
+typedef struct lp_arrays {
+    json_t *tokens, *token_logprobs, *top_logprobs, *text_offset;
+} lp_arrays;
+
+static lp_arrays *lp_new(void) {
+    lp_arrays *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->tokens = json_array();
+    a->token_logprobs = json_array();
+    a->top_logprobs = json_array();
+    a->text_offset = json_array();
+    return a;
+}
+
+static void lp_free(lp_arrays *a) {
+    if (!a) return;
+    json_decref(a->tokens);
+    json_decref(a->token_logprobs);
+    json_decref(a->top_logprobs);
+    json_decref(a->text_offset);
+    free(a);
+}
+
+/* Moves the arrays into a logprobs object and starts new ones. */
+static json_t *lp_take(compl_output *o) {
+    lp_arrays *a = o->lp;
+    json_t *obj = json_pack("{s:o,s:o,s:o,s:o}", "tokens", a->tokens, "token_logprobs",
+                            a->token_logprobs, "top_logprobs", a->top_logprobs, "text_offset",
+                            a->text_offset);
+    a->tokens = json_array();
+    a->token_logprobs = json_array();
+    a->top_logprobs = json_array();
+    a->text_offset = json_array();
+    return obj;
+}
+
+int compl_output_init(compl_output *o, const compl_request *req) {
+    memset(o, 0, sizeof *o);
+    o->req = req;
+    if (req->logprobs >= 0) {
+        o->lp = lp_new();
+        if (!o->lp) return -1;
+    }
+    return 0;
+}
+
+void compl_output_free(compl_output *o) {
+    free(o->text);
+    free(o->ids);
+    free(o->prompt_ids);
+    lp_free(o->lp);
+    memset(o, 0, sizeof *o);
+}
+
+int compl_output_prompt(compl_output *o, const int32_t *ids, int n) {
+    free(o->prompt_ids);
+    o->prompt_ids = NULL;
+    o->n_prompt = 0;
+    if (n > 0) {
+        o->prompt_ids = malloc(sizeof(int32_t) * (size_t)n);
+        if (!o->prompt_ids) return -1;
+        memcpy(o->prompt_ids, ids, sizeof(int32_t) * (size_t)n);
+    }
+    o->n_prompt = n;
+    return 0;
+}
+
+/* Earliest match of any stop string in text[from, len): its position, or -1. */
+static long find_stop(const compl_output *o, size_t from) {
+    long best = -1;
+    for (int i = 0; i < o->req->n_stop; i++) {
+        const char *st = o->req->stop[i];
+        size_t sl = strlen(st);
+        for (size_t p = from; p + sl <= o->len; p++) {
+            if (best >= 0 && (long)p >= best) break;
+            if (memcmp(o->text + p, st, sl) == 0) {
+                best = (long)p;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* Longest suffix of the text that is a proper prefix of a stop string. */
+static size_t stop_prefix_tail(const compl_output *o) {
+    size_t best = 0;
+    for (int i = 0; i < o->req->n_stop; i++) {
+        size_t sl = strlen(o->req->stop[i]);
+        for (size_t k = sl - 1; k > best; k--) {
+            if (k > o->len) continue;
+            if (memcmp(o->text + o->len - k, o->req->stop[i], k) == 0) {
+                best = k;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t len,
+                       const compl_logprobs *lp) {
+    if (o->n_ids == o->cap_ids) {
+        int cap = o->cap_ids ? o->cap_ids * 2 : 64;
+        int32_t *n = realloc(o->ids, sizeof *n * (size_t)cap);
+        if (!n) return -1;
+        o->ids = n;
+        o->cap_ids = cap;
+    }
+    o->ids[o->n_ids++] = id;
+    if (o->stopped) return 1;
+    if (o->len + len + 1 > o->cap) {
+        size_t cap = o->cap ? o->cap : 256;
+        while (cap < o->len + len + 1) cap *= 2;
+        char *n = realloc(o->text, cap);
+        if (!n) return -1;
+        o->text = n;
+        o->cap = cap;
+    }
+    size_t offset = o->len;
+    memcpy(o->text + o->len, piece, len);
+    o->len += len;
+    o->text[o->len] = '\0';
+    if (o->lp) {
+        lp_arrays *a = o->lp;
+        json_array_append_new(a->tokens, jstr(piece, len));
+        json_array_append_new(a->token_logprobs, json_real(lp ? lp->logprob : 0.0));
+        json_t *top = json_object();
+        for (int i = 0; lp && i < lp->n_top && i < o->req->logprobs; i++) {
+            size_t m;
+            char *k = compl_utf8_sanitize(lp->top_pieces[i], strlen(lp->top_pieces[i]), &m);
+            if (k && !json_object_get(top, k))
+                json_object_set_new_nocheck(top, k, json_real(lp->top_logprobs[i]));
+            free(k);
+        }
+        json_array_append_new(a->top_logprobs, top);
+        size_t echo = o->req->echo ? o->req->prompt_len : 0;
+        json_array_append_new(a->text_offset, json_integer((json_int_t)(echo + offset)));
+    }
+    if (o->req->n_stop > 0) {
+        size_t maxl = 0;
+        for (int i = 0; i < o->req->n_stop; i++)
+            if (strlen(o->req->stop[i]) > maxl) maxl = strlen(o->req->stop[i]);
+        size_t from = offset + 1 > maxl ? offset + 1 - maxl : 0;
+        if (from < o->scan_from) from = o->scan_from;
+        long at = find_stop(o, from);
+        if (at >= 0) {
+            o->len = (size_t)at;
+            o->text[o->len] = '\0';
+            o->stopped = true;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Bytes of text ready to emit: all when final, else up to the holdbacks. */
+static size_t ready_len(const compl_output *o, bool final) {
+    if (final || o->stopped) return o->len;
+    size_t hold = stop_prefix_tail(o);
+    size_t inc = compl_utf8_incomplete_tail(o->text, o->len);
+    if (inc > hold) hold = inc;
+    size_t r = o->len - hold;
+    return r < o->sent ? o->sent : r;
+}
+
+static json_t *ids_json(const int32_t *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static json_t *envelope(const compl_meta *m, json_t *choices) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", m->id, "object", "text_completion", "created",
+                     (json_int_t)m->created, "model", m->model ? m->model : "", "choices",
+                     choices);
+}
+
+static json_t *usage_json(const compl_output *o) {
+    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", o->n_prompt, "completion_tokens", o->n_ids,
+                     "total_tokens", o->n_prompt + o->n_ids);
+}
+
+static char *dump(json_t *root) {
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return s;
+}
+
+char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finish, bool *none) {
+    bool final = finish != NULL;
+    size_t r = ready_len(o, final);
+    bool echo = o->req->echo && !o->echo_sent;
+    *none = false;
+    if (!final && r == o->sent && !echo) {
+        *none = true;
+        return NULL;
+    }
+    /* The text: the echoed prompt first, then the new completion bytes. */
+    size_t pl = echo ? o->req->prompt_len : 0;
+    char *buf = malloc(pl + (r - o->sent) + 1);
+    if (!buf) return NULL;
+    if (pl) memcpy(buf, o->req->prompt, pl);
+    memcpy(buf + pl, o->text ? o->text + o->sent : "", r - o->sent);
+    json_t *text = jstr(buf, pl + (r - o->sent));
+    free(buf);
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", text, "logprobs",
+                               o->lp ? lp_take(o) : json_null(), "finish_reason",
+                               final ? json_string(finish) : json_null());
+    if (!choice) return NULL;
+    if (o->req->return_token_ids) {
+        if (!o->prompt_ids_sent)
+            json_object_set_new(choice, "prompt_token_ids", ids_json(o->prompt_ids, o->n_prompt));
+        json_object_set_new(choice, "token_ids", ids_json(o->ids + o->ids_sent, o->n_ids - o->ids_sent));
+    }
+    json_t *root = envelope(m, json_pack("[o]", choice));
+    if (root && o->req->include_usage) json_object_set_new(root, "usage", json_null());
+    o->sent = r;
+    o->ids_sent = o->n_ids;
+    o->echo_sent = true;
+    o->prompt_ids_sent = true;
+    return dump(root);
+}
+
+char *compl_output_usage_chunk(compl_output *o, const compl_meta *m) {
+    json_t *root = envelope(m, json_array());
+    if (root) json_object_set_new(root, "usage", usage_json(o));
+    return dump(root);
+}
+
+char *compl_output_response(compl_output *o, const compl_meta *m, const char *finish) {
+    size_t pl = o->req->echo ? o->req->prompt_len : 0;
+    char *buf = malloc(pl + o->len + 1);
+    if (!buf) return NULL;
+    if (pl) memcpy(buf, o->req->prompt, pl);
+    if (o->len) memcpy(buf + pl, o->text, o->len);
+    json_t *text = jstr(buf, pl + o->len);
+    free(buf);
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text", text, "logprobs",
+                               o->lp ? lp_take(o) : json_null(), "finish_reason", finish);
+    if (!choice) return NULL;
+    if (o->req->return_token_ids) {
+        json_object_set_new(choice, "prompt_token_ids", ids_json(o->prompt_ids, o->n_prompt));
+        json_object_set_new(choice, "token_ids", ids_json(o->ids, o->n_ids));
+    }
+    json_t *root = envelope(m, json_pack("[o]", choice));
+    if (root) json_object_set_new(root, "usage", usage_json(o));
+    return dump(root);
+}

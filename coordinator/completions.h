@@ -1,0 +1,142 @@
+/* completions.h — the OpenAI completions surface without I/O: request parsing
+ * and validation, stop strings, and the response / SSE chunk JSON (jansson).
+ *
+ * Shapes follow the OpenAI API reference (POST /v1/completions) and vLLM's
+ * extensions (return_token_ids: `token_ids` on each choice and each chunk,
+ * `prompt_token_ids` on the choice or the first chunk).
+ *   response: {"id":"cmpl-…","object":"text_completion","created":s,"model":m,
+ *              "choices":[{"index":0,"text":t,"logprobs":null|{…},
+ *                          "finish_reason":"stop"|"length"}],
+ *              "usage":{"prompt_tokens":p,"completion_tokens":c,"total_tokens":p+c}}
+ *   chunk:    the same without usage ("usage":null when include_usage), text
+ *             = the new text, finish_reason null until the last chunk.
+ *   logprobs: {"tokens":[…],"token_logprobs":[…],"top_logprobs":[{piece:lp}…],
+ *              "text_offset":[…]} (natural logs; offsets in bytes of the full text).
+ *   error:    {"error":{"message":…,"type":…,"param":…|null,"code":…|null}}
+ *
+ * Text handling: generated pieces are raw bytes. Text is only ever emitted up
+ * to the last complete UTF-8 character and before any suffix that could still
+ * become a stop string; invalid UTF-8 is replaced by U+FFFD. A matched stop
+ * string ends the completion (finish_reason "stop") and is not included.
+ */
+#ifndef STRATA_COORDINATOR_COMPLETIONS_H
+#define STRATA_COORDINATOR_COMPLETIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define COMPL_MAX_STOP 4
+#define COMPL_MAX_LOGPROBS 5   /* OpenAI's limit for completions */
+#define COMPL_DEFAULT_MAX_TOKENS 16
+
+/* A validated request. Strings are malloc'd, NUL-terminated, valid UTF-8. */
+typedef struct compl_request {
+    char *prompt;
+    size_t prompt_len;
+    char *model;            /* NULL when absent */
+    int max_tokens;         /* >= 1; default 16 */
+    double temperature;     /* [0, 2]; default 1; 0 = greedy */
+    double top_p;           /* (0, 1]; default 1 */
+    int top_k;              /* >= 0; 0 = off (-1 in the request also means off) */
+    double min_p;           /* [0, 1]; default 0 */
+    bool has_seed;
+    int64_t seed;
+    char *stop[COMPL_MAX_STOP];
+    int n_stop;
+    bool stream;
+    bool include_usage;     /* stream_options.include_usage */
+    bool return_token_ids;
+    bool echo;
+    int logprobs;           /* -1 = none, else 0..COMPL_MAX_LOGPROBS alternatives */
+    double presence_penalty;  /* [-2, 2] */
+    double frequency_penalty; /* [-2, 2] */
+    char *user;
+} compl_request;
+
+/* An API error: HTTP status and the OpenAI error object. */
+typedef struct compl_error {
+    int status;
+    char message[ST_ERR_MSG_MAX];
+    const char *type;       /* "invalid_request_error", "server_error", ... */
+    char param[64];         /* "" = null */
+    const char *code;       /* NULL = null */
+} compl_error;
+
+void compl_error_set(compl_error *e, int status, const char *type, const char *param,
+                     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error":{...}} as a malloc'd string (NULL on out of memory). */
+char *compl_error_json(const compl_error *e);
+
+typedef struct compl_limits {
+    int n_ctx;              /* max_tokens above this is refused; 0 = no check */
+    const char *model_name; /* a request naming another model gets 404; NULL = any */
+} compl_limits;
+
+/* Parses and validates a body. -1 + e (status 400, or 404 for an unknown
+ * model) on malformed JSON, invalid UTF-8, a non-object, a missing or
+ * non-string prompt, wrong types, out-of-range values, n != 1, a bad stop. */
+int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_request *out,
+                compl_error *e);
+void compl_request_free(compl_request *r);
+
+/* Logprobs of one generated token, as the engine reports them. */
+typedef struct compl_logprobs {
+    float logprob;                 /* of the sampled token */
+    int n_top;
+    const char *const *top_pieces; /* n_top texts (NUL-terminated raw bytes) */
+    const float *top_logprobs;     /* n_top, descending */
+} compl_logprobs;
+
+/* Identity of a response: shared by every chunk of a stream. */
+typedef struct compl_meta {
+    char id[48];        /* "cmpl-…" */
+    int64_t created;    /* unix seconds */
+    const char *model;
+} compl_meta;
+
+/* The growing output of one request. */
+typedef struct compl_output {
+    const compl_request *req;
+    char *text;          /* completion bytes so far (after a stop match: truncated) */
+    size_t len, cap;
+    size_t sent;         /* bytes already emitted in chunks */
+    size_t scan_from;    /* stop search restarts here */
+    bool stopped;        /* a stop string matched: ignore further tokens */
+    bool echo_sent, prompt_ids_sent;
+    int32_t *ids;        /* every generated id */
+    int n_ids, cap_ids, ids_sent;
+    int32_t *prompt_ids;
+    int n_prompt;
+    void *lp;            /* json_t* logprobs arrays (internal) */
+    int lp_sent;
+} compl_output;
+
+int compl_output_init(compl_output *o, const compl_request *req);
+void compl_output_free(compl_output *o);
+/* The prompt's token ids (for usage and prompt_token_ids). */
+int compl_output_prompt(compl_output *o, const int32_t *ids, int n);
+/* Appends a generated token and its text piece. Returns 1 when a stop string
+ * has now matched (the caller stops the sequence), 0 otherwise, -1 on out of
+ * memory. After a match further calls only count the token. */
+int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t len,
+                       const compl_logprobs *lp);
+/* Streaming: "data: {chunk}\n\n" payload JSON (malloc'd) with what is new and
+ * ready, or NULL when nothing is (*none = true). finish != NULL makes it the
+ * last chunk: everything held back is flushed and finish_reason is set. */
+char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finish, bool *none);
+/* The usage-only final chunk of stream_options.include_usage. */
+char *compl_output_usage_chunk(compl_output *o, const compl_meta *m);
+/* The whole non-streaming response. */
+char *compl_output_response(compl_output *o, const compl_meta *m, const char *finish);
+
+/* Copies s[n] into a malloc'd valid UTF-8 string (invalid sequences become
+ * U+FFFD); *out_len gets its length. For tests and error messages. */
+char *compl_utf8_sanitize(const char *s, size_t n, size_t *out_len);
+/* Bytes at the end of s[n] that form an incomplete (so far valid) UTF-8
+ * character: 0..3. */
+size_t compl_utf8_incomplete_tail(const char *s, size_t n);
+
+#endif

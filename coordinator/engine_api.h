@@ -1,0 +1,63 @@
+/* engine_api.h — the narrow interface between the HTTP layer and whatever
+ * generates tokens (the scheduler driving workers over UCX; in tests, a
+ * replaying test double). The HTTP layer knows nothing of stages or batches.
+ *
+ * Contract (all calls and callbacks on the coordinator's event-loop thread):
+ * - submit() validates against the model (tokenizes the prompt, checks the
+ *   context and the queue) and returns COORD_OK with a request id, or an error
+ *   status (mapped to HTTP: EINVAL/ECONTEXT 400, EBUSY 429, EUNAVAIL 503,
+ *   EINTERNAL 500) with a message in err. It must not call the sink from
+ *   inside submit().
+ * - Later, from the event loop: on_prompt once (the prompt's token ids), then
+ *   on_token for each generated token (its text piece as raw bytes, possibly
+ *   an incomplete UTF-8 sequence; lp non-NULL when req->logprobs >= 0), then
+ *   exactly one on_finish: STOP (EOS), LENGTH (max_tokens or the context) or
+ *   ERROR (the message says why). The EOS token itself is not passed to
+ *   on_token.
+ * - cancel(id) may be called at any time, also from inside a sink callback of
+ *   that request; after it returns no callback for that id is ever made, and
+ *   the engine frees the sequence (and its KV blocks) as soon as it can.
+ *   Cancelling an id that already finished is a no-op.
+ */
+#ifndef STRATA_COORDINATOR_ENGINE_API_H
+#define STRATA_COORDINATOR_ENGINE_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "coordinator/completions.h"
+
+enum coord_finish { COORD_FINISH_STOP = 0, COORD_FINISH_LENGTH = 1, COORD_FINISH_ERROR = 2 };
+
+enum coord_status {
+    COORD_OK = 0,
+    COORD_EINVAL = -1,    /* 400 invalid_request_error */
+    COORD_ECONTEXT = -2,  /* 400 context_length_exceeded */
+    COORD_EBUSY = -3,     /* 429: the queue is full */
+    COORD_EUNAVAIL = -4,  /* 503: no placement is serving */
+    COORD_EINTERNAL = -5, /* 500 */
+};
+
+typedef struct coord_sink {
+    void (*on_prompt)(void *ctx, const int32_t *ids, int n);
+    void (*on_token)(void *ctx, int32_t id, const char *piece, size_t len,
+                     const compl_logprobs *lp);
+    void (*on_finish)(void *ctx, enum coord_finish reason, const char *message);
+} coord_sink;
+
+typedef struct coord_engine_ops {
+    /* req stays valid until on_finish or cancel. */
+    int (*submit)(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
+                  uint64_t *id_out, st_err *err);
+    void (*cancel)(void *impl, uint64_t id);
+    /* 0 when a placement serves; -1 + err otherwise (GET /health answers 503). */
+    int (*health)(void *impl, st_err *err);
+} coord_engine_ops;
+
+typedef struct coord_engine {
+    const coord_engine_ops *ops;
+    void *impl;
+} coord_engine;
+
+#endif

@@ -1,0 +1,401 @@
+/* http_api.c — evhttp routes, completions request lifecycle, SSE streaming
+ * and cancellation on client disconnect. See http_api.h. */
+#include "coordinator/http_api.h"
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "common/log.h"
+
+typedef struct call call;
+
+struct http_api {
+    struct event_base *base;
+    struct evhttp *http;
+    coord_engine *engine;
+    char *model_name;
+    int n_ctx;
+    int port;
+    uint64_t salt, seq;
+    call *calls; /* completions in progress */
+    int n_active;
+};
+
+/* One completion in progress. */
+struct call {
+    http_api *api;
+    struct evhttp_request *req;
+    struct evhttp_connection *evcon;
+    compl_request params;
+    compl_output out;
+    compl_meta meta;
+    uint64_t engine_id;
+    bool stream;
+    call *prev, *next;
+};
+
+static const char *reason_phrase(int status) {
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 503: return "Service Unavailable";
+    default: return status >= 500 ? "Internal Server Error" : "Error";
+    }
+}
+
+static void reply_json(struct evhttp_request *req, int status, const char *json) {
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    struct evbuffer *b = evbuffer_new();
+    if (b && json) {
+        evbuffer_add(b, json, strlen(json));
+        evbuffer_add(b, "\n", 1);
+    }
+    evhttp_send_reply(req, status, reason_phrase(status), b);
+    if (b) evbuffer_free(b);
+}
+
+static void reply_error(struct evhttp_request *req, const compl_error *e) {
+    char *j = compl_error_json(e);
+    reply_json(req, e->status, j ? j : "{\"error\":{\"message\":\"out of memory\"}}");
+    free(j);
+}
+
+static void reply_simple_error(struct evhttp_request *req, int status, const char *type,
+                               const char *code, const char *msg) {
+    compl_error e;
+    compl_error_set(&e, status, type, NULL, code, "%s", msg);
+    reply_error(req, &e);
+}
+
+/* ---- completions lifecycle ----------------------------------------------------- */
+
+static void call_unlink(call *c) {
+    http_api *api = c->api;
+    if (c->prev)
+        c->prev->next = c->next;
+    else if (api->calls == c)
+        api->calls = c->next;
+    if (c->next) c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+    api->n_active--;
+}
+
+static void call_free(call *c) {
+    compl_output_free(&c->out);
+    compl_request_free(&c->params);
+    free(c);
+}
+
+/* Detaches from the connection and frees (the request is answered or gone). */
+static void call_done(call *c) {
+    if (c->evcon) evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+    call_unlink(c);
+    call_free(c);
+}
+
+static void send_sse(call *c, const char *data) {
+    struct evbuffer *b = evbuffer_new();
+    if (!b) return;
+    evbuffer_add_printf(b, "data: %s\n\n", data);
+    evhttp_send_reply_chunk(c->req, b);
+    evbuffer_free(b);
+}
+
+/* Answers the request with its final text (or chunk) and frees the call. */
+static void call_finish(call *c, const char *finish) {
+    if (c->stream) {
+        bool none;
+        char *j = compl_output_chunk(&c->out, &c->meta, finish, &none);
+        if (j) send_sse(c, j);
+        free(j);
+        if (c->params.include_usage) {
+            j = compl_output_usage_chunk(&c->out, &c->meta);
+            if (j) send_sse(c, j);
+            free(j);
+        }
+        send_sse(c, "[DONE]");
+        evhttp_send_reply_end(c->req);
+    } else {
+        char *j = compl_output_response(&c->out, &c->meta, finish);
+        if (j)
+            reply_json(c->req, 200, j);
+        else
+            reply_simple_error(c->req, 500, "server_error", NULL, "out of memory");
+        free(j);
+    }
+    call_done(c);
+}
+
+static void call_fail(call *c, const char *message) {
+    compl_error e;
+    compl_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                    message ? message : "unknown error");
+    if (c->stream) {
+        char *j = compl_error_json(&e);
+        if (j) send_sse(c, j);
+        free(j);
+        send_sse(c, "[DONE]");
+        evhttp_send_reply_end(c->req);
+    } else {
+        reply_error(c->req, &e);
+    }
+    call_done(c);
+}
+
+static void sink_prompt(void *ctx, const int32_t *ids, int n) {
+    call *c = ctx;
+    compl_output_prompt(&c->out, ids, n);
+}
+
+static void sink_token(void *ctx, int32_t id, const char *piece, size_t len,
+                       const compl_logprobs *lp) {
+    call *c = ctx;
+    int r = compl_output_token(&c->out, id, piece, len, lp);
+    if (r < 0) {
+        c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
+        call_fail(c, "out of memory");
+        return;
+    }
+    if (r == 1) { /* a stop string matched */
+        c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
+        call_finish(c, "stop");
+        return;
+    }
+    if (c->stream) {
+        bool none;
+        char *j = compl_output_chunk(&c->out, &c->meta, NULL, &none);
+        if (j) send_sse(c, j);
+        free(j);
+    }
+}
+
+static void sink_finish(void *ctx, enum coord_finish reason, const char *message) {
+    call *c = ctx;
+    if (reason == COORD_FINISH_ERROR)
+        call_fail(c, message);
+    else
+        call_finish(c, reason == COORD_FINISH_STOP ? "stop" : "length");
+}
+
+static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish};
+
+/* The client went away: the request object is being freed by evhttp. */
+static void on_conn_close(struct evhttp_connection *evcon, void *arg) {
+    call *c = arg;
+    ST_INFO("http: client closed the connection; cancelling %s", c->meta.id);
+    c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
+    c->evcon = NULL;
+    call_done(c);
+}
+
+static void handle_completions(http_api *api, struct evhttp_request *req) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    call *c = calloc(1, sizeof *c);
+    if (!c) {
+        reply_simple_error(req, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    c->api = api;
+    c->req = req;
+    compl_error e;
+    compl_limits lim = {api->n_ctx, api->model_name};
+    if (compl_parse(body ? body : "", len, &lim, &c->params, &e) != 0) {
+        reply_error(req, &e);
+        free(c);
+        return;
+    }
+    if (compl_output_init(&c->out, &c->params) != 0) {
+        reply_simple_error(req, 500, "server_error", NULL, "out of memory");
+        call_free(c);
+        return;
+    }
+    c->stream = c->params.stream;
+    snprintf(c->meta.id, sizeof c->meta.id, "cmpl-%016llx%08llx", (unsigned long long)api->salt,
+             (unsigned long long)++api->seq);
+    c->meta.created = (int64_t)time(NULL);
+    c->meta.model = api->model_name;
+    st_err err = {{0}};
+    int rc = api->engine->ops->submit(api->engine->impl, &c->params, &http_sink, c, &c->engine_id,
+                                      &err);
+    if (rc != COORD_OK) {
+        switch (rc) {
+        case COORD_EINVAL:
+            compl_error_set(&e, 400, "invalid_request_error", NULL, NULL, "%s", err.msg);
+            break;
+        case COORD_ECONTEXT:
+            compl_error_set(&e, 400, "invalid_request_error", "prompt", "context_length_exceeded",
+                            "%s", err.msg);
+            break;
+        case COORD_EBUSY:
+            compl_error_set(&e, 429, "rate_limit_error", NULL, "queue_full", "%s", err.msg);
+            break;
+        case COORD_EUNAVAIL:
+            compl_error_set(&e, 503, "server_error", NULL, "unavailable", "%s", err.msg);
+            break;
+        default:
+            compl_error_set(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
+        }
+        reply_error(req, &e);
+        call_free(c);
+        return;
+    }
+    c->next = api->calls;
+    if (api->calls) api->calls->prev = c;
+    api->calls = c;
+    api->n_active++;
+    c->evcon = evhttp_request_get_connection(req);
+    if (c->evcon) evhttp_connection_set_closecb(c->evcon, on_conn_close, c);
+    if (c->stream) {
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        evhttp_add_header(h, "Content-Type", "text/event-stream");
+        evhttp_add_header(h, "Cache-Control", "no-cache");
+        evhttp_send_reply_start(req, 200, "OK");
+    }
+}
+
+static void handle_health(http_api *api, struct evhttp_request *req) {
+    st_err err = {{0}};
+    if (api->engine->ops->health && api->engine->ops->health(api->engine->impl, &err) != 0) {
+        reply_simple_error(req, 503, "server_error", "unavailable", err.msg);
+        return;
+    }
+    reply_json(req, 200, "{\"status\":\"ok\"}");
+}
+
+static void handle_models(http_api *api, struct evhttp_request *req) {
+    json_t *root = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id",
+                             api->model_name, "object", "model", "created", (json_int_t)0,
+                             "owned_by", "strata");
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (s)
+        reply_json(req, 200, s);
+    else
+        reply_simple_error(req, 500, "server_error", NULL, "out of memory");
+    free(s);
+}
+
+static const char *method_name(enum evhttp_cmd_type m) {
+    switch (m) {
+    case EVHTTP_REQ_GET: return "GET";
+    case EVHTTP_REQ_POST: return "POST";
+    case EVHTTP_REQ_HEAD: return "HEAD";
+    case EVHTTP_REQ_PUT: return "PUT";
+    case EVHTTP_REQ_DELETE: return "DELETE";
+    case EVHTTP_REQ_OPTIONS: return "OPTIONS";
+    case EVHTTP_REQ_PATCH: return "PATCH";
+    default: return "?";
+    }
+}
+
+static void on_request(struct evhttp_request *req, void *arg) {
+    http_api *api = arg;
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    enum evhttp_cmd_type m = evhttp_request_get_command(req);
+    if (!path) path = "";
+    struct route {
+        const char *path;
+        enum evhttp_cmd_type method;
+        void (*fn)(http_api *, struct evhttp_request *);
+    } routes[] = {
+        {"/v1/completions", EVHTTP_REQ_POST, handle_completions},
+        {"/health", EVHTTP_REQ_GET, handle_health},
+        {"/v1/models", EVHTTP_REQ_GET, handle_models},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (strcmp(path, routes[i].path) != 0) continue;
+        if (m != routes[i].method) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "%s %s is not allowed; use %s", method_name(m), path,
+                     method_name(routes[i].method));
+            evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+                              method_name(routes[i].method));
+            reply_simple_error(req, 405, "invalid_request_error", "method_not_allowed", msg);
+            return;
+        }
+        routes[i].fn(api, req);
+        return;
+    }
+    char msg[300];
+    snprintf(msg, sizeof msg, "Unknown route: %s %.200s", method_name(m), path);
+    reply_simple_error(req, 404, "invalid_request_error", "not_found", msg);
+}
+
+http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
+                          coord_engine *engine, st_err *err) {
+    if (!base || !engine || !engine->ops || !engine->ops->submit || !engine->ops->cancel)
+        return (void)st_errf(err, "http: no event base or engine"), NULL;
+    http_api *api = calloc(1, sizeof *api);
+    if (!api) return (void)st_errf(err, "http: out of memory"), NULL;
+    api->base = base;
+    api->engine = engine;
+    api->n_ctx = cfg->n_ctx;
+    api->model_name = strdup(cfg->model_name ? cfg->model_name : "strata");
+    api->http = evhttp_new(base);
+    if (!api->model_name || !api->http) {
+        http_api_destroy(api);
+        return (void)st_errf(err, "http: out of memory"), NULL;
+    }
+    if (getrandom(&api->salt, sizeof api->salt, 0) != (ssize_t)sizeof api->salt)
+        api->salt = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
+    evhttp_set_max_body_size(api->http, (ev_ssize_t)(cfg->max_body_bytes ? cfg->max_body_bytes
+                                                                          : (1u << 20)));
+    evhttp_set_max_headers_size(api->http, 64 * 1024);
+    evhttp_set_allowed_methods(api->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                                              EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                              EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    evhttp_set_gencb(api->http, on_request, api);
+    const char *host = cfg->host ? cfg->host : "127.0.0.1";
+    struct evhttp_bound_socket *sock =
+        evhttp_bind_socket_with_handle(api->http, host, (ev_uint16_t)cfg->port);
+    if (!sock) {
+        http_api_destroy(api);
+        return (void)st_errf(err, "http: cannot listen on %s:%d (in use, or a bad address)", host,
+                             cfg->port),
+               NULL;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET)
+            api->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        else if (ss.ss_family == AF_INET6)
+            api->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    ST_INFO("http: serving %s on %s:%d", api->model_name, host, api->port);
+    return api;
+}
+
+void http_api_destroy(http_api *api) {
+    if (!api) return;
+    while (api->calls) {
+        call *c = api->calls;
+        api->engine->ops->cancel(api->engine->impl, c->engine_id);
+        call_done(c);
+    }
+    if (api->http) evhttp_free(api->http);
+    free(api->model_name);
+    free(api);
+}
+
+int http_api_port(const http_api *api) { return api->port; }
+int http_api_active(const http_api *api) { return api->n_active; }

@@ -1,0 +1,46 @@
+/* http_api.h — the coordinator's OpenAI-compatible HTTP server (libevent
+ * evhttp + jansson) on the caller's event loop.
+ *
+ * Routes
+ *   POST /v1/completions   completions.h; "stream": true answers with
+ *                          server-sent events over a chunked reply:
+ *                          "data: {chunk}\n\n" ... "data: [DONE]\n\n"
+ *   GET  /v1/models        {"object":"list","data":[{"id":model,...}]}
+ *   GET  /health           200 {"status":"ok"} when the engine serves, else 503
+ * Errors are OpenAI-shaped ({"error":{message,type,param,code}}): 400 invalid
+ * body or parameter, 404 unknown route or model, 405 wrong method, 413 body
+ * over max_body_bytes (evhttp's own reply, see docs), 429 queue full, 503 no
+ * placement, 500 engine failure.
+ *
+ * A client that disconnects before its completion is done (stream or not)
+ * has its request cancelled through the engine (engine_api.h).
+ */
+#ifndef STRATA_COORDINATOR_HTTP_API_H
+#define STRATA_COORDINATOR_HTTP_API_H
+
+#include <stddef.h>
+
+#include "common/err.h"
+#include "coordinator/engine_api.h"
+
+struct event_base;
+typedef struct http_api http_api;
+
+typedef struct http_api_config {
+    const char *host;       /* listen address, e.g. "127.0.0.1" or "0.0.0.0" */
+    int port;               /* 0 = any free port (http_api_port tells which) */
+    size_t max_body_bytes;  /* 0 = 1 MiB */
+    const char *model_name; /* the "model" of responses and /v1/models */
+    int n_ctx;              /* context length for max_tokens validation; 0 = no check */
+} http_api_config;
+
+/* Binds and serves on base. The engine must outlive the server. */
+http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
+                          coord_engine *engine, st_err *err);
+/* Cancels every request in progress, closes the socket and frees. */
+void http_api_destroy(http_api *api);
+int http_api_port(const http_api *api);
+/* Completions in progress (submitted to the engine, not yet finished). */
+int http_api_active(const http_api *api);
+
+#endif

@@ -1,0 +1,142 @@
+/* stage.h — a pipeline stage: layers [first, last) of a Llama model, run with
+ * tensor parallelism t as t rank threads of this process.
+ *
+ * Each rank has its own backend instance (compute/backend.h), its own thread
+ * pool (the stage's n_threads split between ranks, at least 1 each), its own
+ * comm rank (compute/comm.h), and only its Megatron shard of the weights
+ * (model/shard.h): the rows/columns it needs are copied from the GGUF mapping in
+ * their file dtype. The first stage (first == 0) also holds its slice of the
+ * token embedding; the last stage (last == n_layer) the final norm and its
+ * slice of the LM head. Load progress (percent, bytes) is logged at info level.
+ *
+ * A forward per micro-batch (per rank):
+ *   first stage:  x = all_reduce(embed_slice(tokens))                  1 all-reduce
+ *   each layer:   x += all_reduce(O_r · attn(rope(Q_r xn), rope(K_r xn), V_r xn))
+ *                 x += all_reduce(down_r · (silu(gate_r xn) * up_r xn))  2 all-reduces
+ *   last stage:   for the last token of each sequence that wants logits:
+ *                 logits_r = LM_r · rmsnorm(x); per-rank candidates (top-K ids
+ *                 and logits, max, logsumexp) are all-gathered     1 all-gather
+ *                 and merged into the sampled id and the top logprobs; full
+ *                 logits never leave their rank.
+ * So per forward: all_reduce_calls = 2 * (last - first) + (first == 0),
+ * all_gather_calls = (last stage and some sequence wants logits) ? 1 : 0.
+ * This holds for every t, t = 1 included (the comm group then has one rank).
+ *
+ * KV cache: each rank holds, for each of its layers, K and V caches of
+ * kv_blocks * block_size slots of its local KV heads (F16, as llama.cpp). The caller owns the
+ * block tables (model/kv.h) and sends them with every batch; the stage only
+ * reads them. Block ids are the same on every stage of a pipeline.
+ *
+ * Threading: stage_open/stage_forward/stage_close are called from one thread;
+ * stage_forward blocks until all ranks are done. Not reentrant.
+ */
+#ifndef STRATA_ENGINE_STAGE_H
+#define STRATA_ENGINE_STAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "model/llama.h"
+#include "model/sampler.h"
+
+#define STAGE_MAX_TOP_LOGPROBS SAMPLER_MAX_TOP_LOGPROBS
+
+typedef struct stage stage;
+
+typedef struct stage_params {
+    const char *model_path; /* GGUF file */
+    int first_layer;        /* first layer of the stage */
+    int last_layer;         /* one past the last layer; -1 = n_layer */
+    int tp;                 /* TP degree (ranks), >= 1 */
+    int n_threads;          /* CPU threads for all ranks together; 0 = st_cpu_count() */
+    int kv_blocks;          /* KV cache blocks (each rank, same ids); >= 1 */
+    int block_size;         /* tokens per KV block; 0 = 16 */
+    const char *backend;    /* "cpu" (default when NULL) */
+} stage_params;
+
+/* One sequence in a micro-batch. Its n_tokens tokens are at positions
+ * [pos, pos + n_tokens); positions [0, pos) are already in this stage's KV
+ * cache. block_table (host, n_blocks ids) covers at least pos + n_tokens
+ * positions. Prefill is one entry with the whole prompt (or a chunk of it);
+ * decode is n_tokens = 1. */
+typedef struct stage_seq {
+    uint64_t seq_id;
+    int32_t pos;
+    int32_t n_tokens;
+    const int32_t *block_table;
+    int32_t n_blocks;
+    bool want_logits;    /* last stage: sample after this chunk's last token */
+    /* Last stage, when want_logits (model/sampler.h semantics):
+     * sampling.n_top_logprobs = top (id, logprob) pairs wanted;
+     * step = index of the token being sampled among the generated ones (0 for
+     * the first; it feeds the seeded draw); history = tokens the penalties
+     * count (may be NULL/0; only read when a penalty is on). */
+    sampler_params sampling;
+    uint64_t step;
+    const int32_t *history;
+    int32_t n_history;
+} stage_seq;
+
+/* A micro-batch: sequences back to back; n_tokens = sum of seqs[i].n_tokens.
+ * tokens (first stage only): the n_tokens token ids in the same order. */
+typedef struct stage_batch {
+    int n_seqs;
+    const stage_seq *seqs;
+    int32_t n_tokens;
+    const int32_t *tokens;
+} stage_batch;
+
+/* Last stage result for one sequence (entry i for seqs[i]; filled only where
+ * want_logits): the sampled id, its logprob, and n_top = n_top_logprobs pairs.
+ * Logprobs are natural logs of the full-vocabulary softmax of the raw logits
+ * (before penalties and temperature), as llama.cpp/OpenAI report them. */
+typedef sampler_token_info stage_sample_out;
+
+/* Per-rank accounting. */
+typedef struct stage_rank_stats {
+    size_t weight_bytes;       /* resident weights (the backend's own accounting) */
+    size_t buf_bytes;          /* KV cache + activations */
+    uint64_t all_reduce_calls; /* cumulative, from comm_stats */
+    uint64_t all_gather_calls;
+    double comm_seconds;       /* time inside collectives */
+    double busy_seconds;       /* time inside forwards */
+} stage_rank_stats;
+
+typedef struct stage_stats {
+    uint64_t forwards;    /* stage_forward calls */
+    uint64_t tokens;      /* tokens processed */
+    double busy_seconds;  /* wall time inside stage_forward */
+    double open_seconds;  /* since stage_open returned */
+} stage_stats;
+
+/* Loads the stage. NULL + err on a bad model, bad layer range, a TP degree the
+ * model cannot be split into (model/shard.h), or out of memory. */
+stage *stage_open(const stage_params *p, st_err *err);
+void stage_close(stage *s);
+
+const llama_config *stage_config(const stage *s);
+int stage_first_layer(const stage *s);
+int stage_last_layer(const stage *s);
+bool stage_is_first(const stage *s);
+bool stage_is_last(const stage *s);
+int stage_tp(const stage *s);
+int stage_kv_blocks(const stage *s);
+int stage_block_size(const stage *s);
+
+/* Runs one micro-batch.
+ *  hidden_in:  first stage: ignored (NULL; b->tokens is used);
+ *              else [b->n_tokens, n_embd] f32 from the previous stage.
+ *  hidden_out: non-last stage: [b->n_tokens, n_embd] f32 to send on; last: ignored (NULL).
+ *  samples:    last stage: b->n_seqs entries; else ignored (NULL).
+ * Errors (-1 + err, the KV cache of other sequences untouched): a token id
+ * outside the vocabulary, inconsistent counts, a block table too short or with
+ * an id >= kv_blocks, missing input/output buffers. */
+int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float *hidden_out,
+                  stage_sample_out *samples, st_err *err);
+
+int stage_rank_stats_get(const stage *s, int rank, stage_rank_stats *out);
+void stage_stats_get(const stage *s, stage_stats *out);
+
+#endif

@@ -1,0 +1,120 @@
+/* transport.h — the activation data plane: frames (protobuf header + tensor
+ * payload, ib/frame.h) between stages and the coordinator, over UCX (ucp).
+ *
+ * One xport per process, on a libevent event_base: it owns a ucp context
+ * (features AM + WAKEUP), one ucp worker whose progress is driven by the loop
+ * (ucp_worker_get_efd + ucp_worker_arm), an optional listener, and the peers.
+ * Transports come from UCX's environment (UCX_TLS, UCX_NET_DEVICES, ...):
+ * nothing here names TCP, so the same code runs over RDMA on IB/RoCE. The wire
+ * format is in docs/protocol.md.
+ *
+ * Threading: single-threaded; every call and every callback happens on the
+ * event_base's thread. Callbacks are never called from inside an xport_*
+ * call; they run from the loop.
+ *
+ * Peers: every peer that is reported by on_connect gets exactly one
+ * on_disconnect (peer failure, a malformed frame from it, xport_peer_close, or
+ * a failed outbound connect); after on_disconnect returns, the handle is
+ * invalid. All send callbacks of a peer run before its on_disconnect.
+ *
+ * Frames from one peer are delivered in the order they were sent. A frame
+ * that fails to decode or validate (frame_validate) is logged and dropped and
+ * its sender is disconnected. Epoch checks are the caller's business.
+ *
+ * Errors: -1 / NULL with a one-line message in the caller's st_err.
+ */
+#ifndef STRATA_IB_TRANSPORT_H
+#define STRATA_IB_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "ib/frame.h"
+
+struct event_base;
+
+typedef struct xport xport;
+typedef struct xport_peer xport_peer;
+typedef struct xport_mem xport_mem;
+
+typedef struct xport_callbacks {
+    /* A peer is up: inbound (accepted by the listener) or outbound (endpoint
+     * created by xport_connect; a connect that then fails is reported with
+     * on_disconnect). May be NULL. */
+    void (*on_connect)(xport_peer *peer, bool inbound, void *ud);
+    /* The peer is gone; reason is a short text. May be NULL. */
+    void (*on_disconnect)(xport_peer *peer, const char *reason, void *ud);
+    /* A valid frame. hdr and payload (payload_bytes bytes, row-major
+     * [hdr->shape[0], hdr->shape[1]] of hdr->dtype; NULL when 0 bytes) are
+     * valid until the callback returns; copy what you keep. */
+    void (*on_frame)(xport_peer *peer, const frame_header *hdr, const void *payload,
+                     size_t payload_bytes, void *ud);
+    void *ud;
+} xport_callbacks;
+
+/* Completion of xport_send: status 0 = sent (handed to the peer's UCX),
+ * -1 = failed or cancelled (peer gone). Called exactly once, from the loop. */
+typedef void (*xport_send_cb)(xport_peer *peer, int status, void *arg);
+
+/* Creates the transport on base. With listen_host non-NULL, listens on
+ * listen_host:listen_port (port 0 = ephemeral; see xport_port). cb is copied. */
+xport *xport_create(struct event_base *base, const char *listen_host, int listen_port,
+                    const xport_callbacks *cb, st_err *err);
+/* Closes every peer (no on_disconnect; pending send callbacks run, with -1
+ * unless already completed),
+ * the listener, the worker and the context. Not from inside a callback. */
+void xport_destroy(xport *x);
+
+/* The bound listening port, or 0 without a listener. */
+int xport_port(const xport *x);
+/* Name of UCX transports in use ("tcp", "rc_mlx5", ...) is UCX's business;
+ * this returns the max AM header bytes of the worker (frames with a larger
+ * header are sent with the header in the data, copied). */
+size_t xport_max_inline_header(const xport *x);
+
+/* Connects to host:port (numeric or resolvable; blocking resolve). Returns
+ * the peer at once; on_connect follows from the loop. */
+xport_peer *xport_connect(xport *x, const char *host, int port, st_err *err);
+/* Disconnects the peer (pending sends fail); on_disconnect follows. */
+void xport_peer_close(xport_peer *peer);
+/* "host:port" of the remote side, for logs. */
+const char *xport_peer_name(const xport_peer *peer);
+void xport_peer_set_user(xport_peer *peer, void *user);
+void *xport_peer_user(const xport_peer *peer);
+
+/* Sends a frame: hdr is validated (frame_validate against payload_bytes) and
+ * packed (copied) before return. payload (payload_bytes, may be 0/NULL) must
+ * stay valid and unchanged until cb runs: it is sent without copying. When
+ * mem is non-NULL, payload must lie inside it: UCX then uses the registered
+ * memory handle (rendezvous reads it directly, RDMA on IB). Returns 0 (cb
+ * will run, may be NULL) or -1 (invalid frame / peer down; cb will not run). */
+int xport_send(xport_peer *peer, const frame_header *hdr, const void *payload,
+               size_t payload_bytes, const xport_mem *mem, xport_send_cb cb, void *arg,
+               st_err *err);
+/* Like xport_send but sends hdr_bytes as the packed header without checking
+ * it (for tests and tools that exercise the receiver's validation). */
+int xport_send_raw(xport_peer *peer, const void *hdr_bytes, size_t hdr_len, const void *payload,
+                   size_t payload_bytes, xport_send_cb cb, void *arg, st_err *err);
+
+/* Registered memory for zero-copy sends (ucp_mem_map). register: the caller
+ * keeps owning [ptr, ptr+len); alloc: a page-aligned buffer owned by the
+ * xport_mem. unregister releases the registration (and the buffer if
+ * allocated); not while a send from it is in flight. */
+xport_mem *xport_mem_register(xport *x, void *ptr, size_t len, st_err *err);
+xport_mem *xport_mem_alloc(xport *x, size_t len, st_err *err);
+void *xport_mem_ptr(const xport_mem *m);
+size_t xport_mem_len(const xport_mem *m);
+void xport_mem_unregister(xport *x, xport_mem *m);
+
+/* Counters since create. */
+typedef struct xport_stats {
+    uint64_t frames_sent, frames_recv, bytes_sent, bytes_recv;
+    uint64_t rndv_recv;   /* frames whose payload came by rendezvous into the pool */
+    uint64_t bad_frames;  /* dropped malformed frames (sender disconnected) */
+    uint64_t peers_accepted, peers_lost;
+} xport_stats;
+void xport_get_stats(const xport *x, xport_stats *out);
+
+#endif

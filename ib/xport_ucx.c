@@ -1,0 +1,959 @@
+/* xport_ucx.c — ib/transport.h over UCX ucp active messages.
+ *
+ * Why AM (not TAG/STREAM): one AM carries our small header and the payload
+ * together, arrives with its reply endpoint (so we know the sender), and lets
+ * the receiver choose the destination buffer for rendezvous data
+ * (ucp_am_recv_data_nbx into a registered pool buffer) after it has decoded
+ * and validated the header: nothing is allocated for a bad frame.
+ *
+ * Wire: AM id XPORT_AM_FRAME; AM header = 24-byte prefix (docs/protocol.md)
+ * followed by the packed FrameHeader when it fits the worker's max AM header;
+ * otherwise flag HDR_IN_DATA and the data is header || payload (copied).
+ * AM data = payload. Sender sets UCP_AM_SEND_FLAG_REPLY so the receiver gets
+ * the endpoint. Per-peer sequence numbers restore send order (a rendezvous
+ * frame can complete after a later eager one).
+ *
+ * Everything user-visible (send completions, frames, connects, disconnects)
+ * is queued from UCX callbacks and delivered by drain() after progress, on
+ * the libevent loop.
+ */
+#include "ib/transport.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <ucp/api/ucp.h>
+
+#include "common/log.h"
+
+#define XPORT_AM_FRAME 17
+#define XPORT_MAGIC 0x31465453u /* "STF1" little-endian */
+#define XPORT_VERSION 1
+#define XPORT_PREFIX 24
+#define XPORT_FLAG_HDR_IN_DATA 1u
+#define XPORT_POOL_MAX 8            /* registered receive buffers kept */
+#define XPORT_POOL_MIN_BYTES (64u << 10)
+#define XPORT_MAX_PENDING_RX 4096   /* out-of-order frames per peer */
+#define XPORT_MAX_PEERS 1024
+
+enum peer_state { PEER_OPEN, PEER_CLOSING, PEER_CLOSED };
+
+struct xport_mem {
+    ucp_mem_h memh;
+    void *ptr;
+    size_t len;
+    bool owned;
+};
+
+struct rbuf { /* registered receive buffer of the pool */
+    void *ptr;
+    size_t cap;
+    ucp_mem_h memh;
+    bool in_use;
+};
+
+enum rx_state { RX_WAITING, RX_READY, RX_FAILED };
+enum rx_data { RXD_NONE, RXD_MALLOC, RXD_UCX, RXD_POOL };
+
+struct rx { /* a received frame waiting for in-order delivery */
+    struct rx *next;
+    xport_peer *peer;
+    uint64_t seq;
+    enum rx_state state;
+    frame_header *hdr; /* NULL with HDR_IN_DATA until complete */
+    size_t hdr_in_data;  /* header bytes at the start of data */
+    enum rx_data dkind;
+    void *data;
+    size_t len;
+    struct rbuf *rb;
+};
+
+struct xport_peer {
+    xport *x;
+    xport_peer *next;
+    ucp_ep_h ep;
+    char name[80];
+    bool inbound;
+    bool connect_reported;
+    bool user_knows; /* on_connect reported, or the user created it: on_disconnect is due */
+    bool fail;   /* error or close requested: close at next drain */
+    enum peer_state state;
+    char reason[160];
+    int ops; /* in-flight UCX sends and receives, and undelivered send completions */
+    uint64_t tx_seq, rx_next;
+    struct rx *rx_head;
+    int n_rx;
+    void *user;
+};
+
+struct send_ctx {
+    struct send_ctx *next;
+    xport_peer *peer;
+    xport_send_cb cb;
+    void *arg;
+    int status;
+    uint8_t *amhdr; /* prefix (+ header) */
+    uint8_t *copy;  /* header || payload when HDR_IN_DATA */
+    size_t bytes;
+};
+
+struct xport {
+    struct event_base *base;
+    xport_callbacks cb;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_listener_h listener;
+    struct event *ev;
+    int port;
+    size_t max_am_header;
+    xport_peer *peers;
+    int n_peers;
+    struct send_ctx *done_head, *done_tail;
+    struct rbuf pool[XPORT_POOL_MAX];
+    xport_stats stats;
+    bool destroying;
+};
+
+/* ---- small helpers ---- */
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_le16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint16_t get_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
+
+static void kick(xport *x)
+{
+    if (x->ev && !x->destroying) event_active(x->ev, EV_READ, 0);
+}
+
+static void peer_fail(xport_peer *p, const char *reason)
+{
+    if (!p->fail) {
+        p->fail = true;
+        snprintf(p->reason, sizeof p->reason, "%s", reason);
+    }
+    kick(p->x);
+}
+
+static xport_peer *find_peer(xport *x, ucp_ep_h ep)
+{
+    for (xport_peer *p = x->peers; p; p = p->next)
+        if (p->ep == ep) return p;
+    return NULL;
+}
+
+static void sockaddr_name(const struct sockaddr_storage *ss, char *out, size_t n)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
+        port = ntohs(s->sin_port);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
+        port = ntohs(s->sin6_port);
+    }
+    snprintf(out, n, "%s:%d", host, port);
+}
+
+/* ---- receive buffer pool ---- */
+
+static int rbuf_map(xport *x, struct rbuf *b, size_t cap)
+{
+    void *ptr = NULL;
+    if (posix_memalign(&ptr, 4096, cap)) return -1;
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = ptr,
+                               .length = cap};
+    if (ucp_mem_map(x->ctx, &mp, &b->memh) != UCS_OK) {
+        free(ptr);
+        return -1;
+    }
+    b->ptr = ptr;
+    b->cap = cap;
+    b->in_use = false;
+    return 0;
+}
+
+static void rbuf_unmap(xport *x, struct rbuf *b)
+{
+    if (!b->ptr) return;
+    ucp_mem_unmap(x->ctx, b->memh);
+    free(b->ptr);
+    memset(b, 0, sizeof *b);
+}
+
+/* A free pool buffer of at least len bytes (growing or replacing one), or
+ * NULL when every slot is busy. */
+static struct rbuf *rbuf_get(xport *x, size_t len)
+{
+    struct rbuf *best = NULL, *empty = NULL, *small = NULL;
+    for (int i = 0; i < XPORT_POOL_MAX; i++) {
+        struct rbuf *b = &x->pool[i];
+        if (!b->ptr) {
+            if (!empty) empty = b;
+        } else if (!b->in_use) {
+            if (b->cap >= len) {
+                if (!best || b->cap < best->cap) best = b;
+            } else if (!small) {
+                small = b;
+            }
+        }
+    }
+    if (!best) {
+        struct rbuf *slot = empty ? empty : small;
+        if (!slot) return NULL;
+        rbuf_unmap(x, slot);
+        size_t cap = XPORT_POOL_MIN_BYTES;
+        while (cap < len) cap *= 2;
+        if (rbuf_map(x, slot, cap)) return NULL;
+        best = slot;
+    }
+    best->in_use = true;
+    return best;
+}
+
+static void rx_free(xport *x, struct rx *r)
+{
+    frame_header_free(r->hdr);
+    switch (r->dkind) {
+    case RXD_MALLOC: free(r->data); break;
+    case RXD_UCX: ucp_am_data_release(x->worker, r->data); break;
+    case RXD_POOL: r->rb->in_use = false; break;
+    case RXD_NONE: break;
+    }
+    free(r);
+}
+
+/* ---- UCX callbacks (progress context: only record and queue) ---- */
+
+static void send_done(xport *x, struct send_ctx *c, int status)
+{
+    c->status = status;
+    c->next = NULL;
+    if (x->done_tail)
+        x->done_tail->next = c;
+    else
+        x->done_head = c;
+    x->done_tail = c;
+}
+
+static void on_send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    struct send_ctx *c = user_data;
+    if (status != UCS_OK) ST_DEBUG("xport: send to %s: %s", c->peer->name, ucs_status_string(status));
+    send_done(c->peer->x, c, status == UCS_OK ? 0 : -1);
+    ucp_request_free(request);
+}
+
+static void on_recv_cb(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    struct rx *r = user_data;
+    r->peer->ops--;
+    if (status == UCS_OK && length == r->len) {
+        r->state = RX_READY;
+    } else {
+        r->state = RX_FAILED;
+        ST_DEBUG("xport: receive from %s: %s", r->peer->name, ucs_status_string(status));
+    }
+    ucp_request_free(request);
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    xport_peer *p = arg;
+    char why[120];
+    snprintf(why, sizeof why, "peer error: %s", ucs_status_string(status));
+    peer_fail(p, why);
+}
+
+static ucs_status_t bad_frame(xport_peer *p, bool rndv, const char *why)
+{
+    ST_WARN("xport: malformed frame from %s: %s; disconnecting it", p->name, why);
+    p->x->stats.bad_frames++;
+    char reason[160];
+    snprintf(reason, sizeof reason, "malformed frame: %.140s", why);
+    peer_fail(p, reason);
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+}
+
+static void rx_insert(xport_peer *p, struct rx *r)
+{
+    struct rx **pp = &p->rx_head;
+    while (*pp && (*pp)->seq < r->seq) pp = &(*pp)->next;
+    r->next = *pp;
+    *pp = r;
+    p->n_rx++;
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                          const ucp_am_recv_param_t *param)
+{
+    xport *x = arg;
+    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    xport_peer *p = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? find_peer(x, param->reply_ep) : NULL;
+    if (!p) {
+        ST_WARN("xport: frame from an unknown endpoint dropped");
+        return rndv ? UCS_ERR_REJECTED : UCS_OK;
+    }
+    if (p->state != PEER_OPEN || p->fail) return rndv ? UCS_ERR_CANCELED : UCS_OK;
+
+    const uint8_t *h = header;
+    if (header_length < XPORT_PREFIX || get_le32(h) != XPORT_MAGIC) return bad_frame(p, rndv, "bad prefix");
+    if (get_le16(h + 4) != XPORT_VERSION) return bad_frame(p, rndv, "unsupported version");
+    uint16_t flags = get_le16(h + 6);
+    uint32_t hdr_len = get_le32(h + 8);
+    uint64_t seq = get_le64(h + 16);
+    if ((flags & ~XPORT_FLAG_HDR_IN_DATA) || get_le32(h + 12) != 0) return bad_frame(p, rndv, "bad prefix flags");
+    if (seq < p->rx_next || seq - p->rx_next >= XPORT_MAX_PENDING_RX) return bad_frame(p, rndv, "bad sequence number");
+    for (struct rx *q = p->rx_head; q; q = q->next)
+        if (q->seq == seq) return bad_frame(p, rndv, "duplicate sequence number");
+
+    frame_header *fh = NULL;
+    size_t hdr_in_data = 0;
+    st_err err;
+    if (flags & XPORT_FLAG_HDR_IN_DATA) {
+        if (header_length != XPORT_PREFIX || hdr_len > length || hdr_len > FRAME_MAX_HEADER ||
+            length - hdr_len > FRAME_MAX_PAYLOAD)
+            return bad_frame(p, rndv, "bad header-in-data length");
+        hdr_in_data = hdr_len;
+    } else {
+        if (header_length != XPORT_PREFIX + (size_t)hdr_len) return bad_frame(p, rndv, "header length mismatch");
+        fh = frame_header_unpack(h + XPORT_PREFIX, hdr_len, &err);
+        if (!fh) return bad_frame(p, rndv, err.msg);
+        if (frame_validate(fh, length, &err)) {
+            frame_header_free(fh);
+            return bad_frame(p, rndv, err.msg);
+        }
+    }
+
+    struct rx *r = calloc(1, sizeof *r);
+    if (!r) {
+        frame_header_free(fh);
+        return bad_frame(p, rndv, "out of memory");
+    }
+    r->peer = p;
+    r->seq = seq;
+    r->hdr = fh;
+    r->hdr_in_data = hdr_in_data;
+    r->len = length;
+    r->state = RX_READY;
+    ucs_status_t ret = UCS_OK;
+    if (length == 0) {
+        r->dkind = RXD_NONE;
+    } else if (rndv) {
+        struct rbuf *b = rbuf_get(x, length);
+        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                                  .cb.recv_am = on_recv_cb,
+                                  .user_data = r};
+        if (b) {
+            r->dkind = RXD_POOL;
+            r->rb = b;
+            r->data = b->ptr;
+            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+            rp.memh = b->memh;
+        } else {
+            r->dkind = RXD_MALLOC;
+            r->data = malloc(length);
+            if (!r->data) {
+                rx_free(x, r);
+                return bad_frame(p, rndv, "out of memory");
+            }
+        }
+        x->stats.rndv_recv++;
+        r->state = RX_WAITING;
+        ucs_status_ptr_t sp = ucp_am_recv_data_nbx(x->worker, data, r->data, length, &rp);
+        if (sp == NULL) {
+            r->state = RX_READY;
+        } else if (UCS_PTR_IS_ERR(sp)) {
+            ST_WARN("xport: receive from %s failed: %s", p->name, ucs_status_string(UCS_PTR_STATUS(sp)));
+            rx_free(x, r);
+            peer_fail(p, "receive failed");
+            return UCS_OK; /* descriptor is owned by UCX now */
+        } else {
+            p->ops++;
+        }
+    } else if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) {
+        r->dkind = RXD_UCX; /* keep UCX's descriptor, release after delivery */
+        r->data = data;
+        ret = UCS_INPROGRESS;
+    } else {
+        r->dkind = RXD_MALLOC;
+        r->data = malloc(length);
+        if (!r->data) {
+            rx_free(x, r);
+            return bad_frame(p, rndv, "out of memory");
+        }
+        memcpy(r->data, data, length);
+    }
+    rx_insert(p, r);
+    return ret;
+}
+
+static xport_peer *peer_new(xport *x, bool inbound, const char *name)
+{
+    xport_peer *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->x = x;
+    p->inbound = inbound;
+    p->user_knows = !inbound;
+    p->state = PEER_OPEN;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    return p;
+}
+
+static void peer_link(xport *x, xport_peer *p)
+{
+    p->next = x->peers;
+    x->peers = p;
+    x->n_peers++;
+}
+
+static void on_conn_request(ucp_conn_request_h req, void *arg)
+{
+    xport *x = arg;
+    char name[80] = "inbound";
+    ucp_conn_request_attr_t ca = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
+    if (ucp_conn_request_query(req, &ca) == UCS_OK) sockaddr_name(&ca.client_address, name, sizeof name);
+    if (x->destroying || x->n_peers >= XPORT_MAX_PEERS) {
+        ST_WARN("xport: rejecting connection from %s", name);
+        ucp_listener_reject(x->listener, req);
+        return;
+    }
+    xport_peer *p = peer_new(x, true, name);
+    if (!p) {
+        ucp_listener_reject(x->listener, req);
+        return;
+    }
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                          .conn_request = req,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {.cb = on_ep_error, .arg = p}};
+    ucs_status_t st = ucp_ep_create(x->worker, &ep, &p->ep);
+    if (st != UCS_OK) {
+        ST_WARN("xport: accepting %s: %s", name, ucs_status_string(st));
+        free(p);
+        return;
+    }
+    x->stats.peers_accepted++;
+    ST_DEBUG("xport: accepted %s", name);
+    peer_link(x, p);
+    kick(x);
+}
+
+static void on_close_cb(void *request, ucs_status_t status, void *user_data)
+{
+    xport_peer *p = user_data;
+    p->state = PEER_CLOSED;
+    ucp_request_free(request);
+}
+
+static void peer_start_close(xport *x, xport_peer *p)
+{
+    if (p->state != PEER_OPEN) return;
+    p->state = PEER_CLOSING;
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE,
+                              .cb.send = on_close_cb,
+                              .user_data = p};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(p->ep, &cp);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) p->state = PEER_CLOSED;
+}
+
+/* Delivers everything queued. Returns true when it called anything. */
+static bool drain(xport *x)
+{
+    bool did = false;
+    /* send completions */
+    while (x->done_head) {
+        struct send_ctx *c = x->done_head;
+        x->done_head = c->next;
+        if (!x->done_head) x->done_tail = NULL;
+        xport_peer *p = c->peer;
+        p->ops--;
+        if (c->status == 0) {
+            x->stats.frames_sent++;
+            x->stats.bytes_sent += c->bytes;
+        }
+        if (c->cb) c->cb(p, c->status, c->arg);
+        free(c->amhdr);
+        free(c->copy);
+        free(c);
+        did = true;
+    }
+    /* connects and frames */
+    for (xport_peer *p = x->peers; p; p = p->next) {
+        if (p->state != PEER_OPEN || p->fail) continue;
+        if (!p->connect_reported) {
+            p->connect_reported = true;
+            p->user_knows = true;
+            did = true;
+            if (x->cb.on_connect) x->cb.on_connect(p, p->inbound, x->cb.ud);
+        }
+        while (p->state == PEER_OPEN && !p->fail && p->rx_head && p->rx_head->seq == p->rx_next &&
+               p->rx_head->state != RX_WAITING) {
+            struct rx *r = p->rx_head;
+            p->rx_head = r->next;
+            p->n_rx--;
+            p->rx_next++;
+            did = true;
+            if (r->state == RX_FAILED) {
+                rx_free(x, r);
+                peer_fail(p, "payload receive failed");
+                break;
+            }
+            const uint8_t *payload = r->data;
+            size_t bytes = r->len;
+            if (!r->hdr) {
+                st_err err;
+                r->hdr = frame_header_unpack(r->data, r->hdr_in_data, &err);
+                payload += r->hdr_in_data;
+                bytes -= r->hdr_in_data;
+                if (!r->hdr || frame_validate(r->hdr, bytes, &err)) {
+                    bad_frame(p, false, err.msg);
+                    rx_free(x, r);
+                    break;
+                }
+            }
+            x->stats.frames_recv++;
+            x->stats.bytes_recv += bytes;
+            if (x->cb.on_frame) x->cb.on_frame(p, r->hdr, bytes ? payload : NULL, bytes, x->cb.ud);
+            rx_free(x, r);
+        }
+    }
+    /* closes */
+    for (xport_peer *p = x->peers; p; p = p->next)
+        if (p->fail && p->state == PEER_OPEN) {
+            ST_INFO("xport: disconnecting %s: %s", p->name, p->reason);
+            peer_start_close(x, p);
+            did = true;
+        }
+    /* finished peers: report and free */
+    for (xport_peer **pp = &x->peers; *pp;) {
+        xport_peer *p = *pp;
+        if (p->state != PEER_CLOSED || p->ops > 0) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        x->n_peers--;
+        x->stats.peers_lost++;
+        while (p->rx_head) {
+            struct rx *r = p->rx_head;
+            p->rx_head = r->next;
+            rx_free(x, r);
+        }
+        if (p->user_knows && x->cb.on_disconnect) x->cb.on_disconnect(p, p->reason, x->cb.ud);
+        free(p);
+        did = true;
+    }
+    return did;
+}
+
+static void progress_all(xport *x)
+{
+    for (;;) {
+        while (ucp_worker_progress(x->worker)) {
+        }
+        ucs_status_t st = ucp_worker_arm(x->worker);
+        if (st == UCS_ERR_BUSY) continue;
+        if (st != UCS_OK) ST_WARN("xport: ucp_worker_arm: %s", ucs_status_string(st));
+        break;
+    }
+}
+
+static void on_event(evutil_socket_t fd, short what, void *arg)
+{
+    xport *x = arg;
+    progress_all(x);
+    /* Callbacks may issue new operations; run again from the loop if so. */
+    if (drain(x)) kick(x);
+}
+
+/* ---- public API ---- */
+
+static int resolve(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len, bool passive, st_err *err)
+{
+    char svc[16];
+    snprintf(svc, sizeof svc, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
+    struct addrinfo *ai = NULL;
+    int rc = getaddrinfo(host, svc, &hints, &ai);
+    if (rc || !ai) return st_errf(err, "xport: cannot resolve %s:%d: %s", host ? host : "*", port, gai_strerror(rc));
+    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+    *len = ai->ai_addrlen;
+    freeaddrinfo(ai);
+    return 0;
+}
+
+xport *xport_create(struct event_base *base, const char *listen_host, int listen_port, const xport_callbacks *cb,
+                    st_err *err)
+{
+    if (!base) {
+        st_errf(err, "xport: no event base");
+        return NULL;
+    }
+    if (listen_host && (listen_port < 0 || listen_port > 65535)) {
+        st_errf(err, "xport: bad port %d", listen_port);
+        return NULL;
+    }
+    xport *x = calloc(1, sizeof *x);
+    if (!x) {
+        st_errf(err, "xport: out of memory");
+        return NULL;
+    }
+    x->base = base;
+    if (cb) x->cb = *cb;
+
+    ucp_config_t *cfg = NULL;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg); /* UCX_* environment */
+    if (st != UCS_OK) {
+        st_errf(err, "xport: ucp_config_read: %s", ucs_status_string(st));
+        goto fail;
+    }
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+                       .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+                       .name = "strata"};
+    st = ucp_init(&pp, cfg, &x->ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+        st_errf(err, "xport: ucp_init: %s", ucs_status_string(st));
+        goto fail;
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    st = ucp_worker_create(x->ctx, &wp, &x->worker);
+    if (st != UCS_OK) {
+        st_errf(err, "xport: ucp_worker_create: %s", ucs_status_string(st));
+        goto fail;
+    }
+    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
+    if (ucp_worker_query(x->worker, &wa) == UCS_OK)
+        x->max_am_header = wa.max_am_header;
+    ucp_am_handler_param_t ap = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .id = XPORT_AM_FRAME,
+                                 .flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA,
+                                 .cb = on_am,
+                                 .arg = x};
+    st = ucp_worker_set_am_recv_handler(x->worker, &ap);
+    if (st != UCS_OK) {
+        st_errf(err, "xport: ucp_worker_set_am_recv_handler: %s", ucs_status_string(st));
+        goto fail;
+    }
+    int efd = -1;
+    st = ucp_worker_get_efd(x->worker, &efd);
+    if (st != UCS_OK) {
+        st_errf(err, "xport: ucp_worker_get_efd: %s", ucs_status_string(st));
+        goto fail;
+    }
+    x->ev = event_new(base, efd, EV_READ | EV_PERSIST, on_event, x);
+    if (!x->ev || event_add(x->ev, NULL)) {
+        st_errf(err, "xport: cannot add the worker's event fd to the loop");
+        goto fail;
+    }
+    if (listen_host) {
+        struct sockaddr_storage ss;
+        socklen_t sl;
+        if (resolve(listen_host, listen_port, &ss, &sl, true, err)) goto fail;
+        ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
+                                                  UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+                                    .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sl},
+                                    .conn_handler = {.cb = on_conn_request, .arg = x}};
+        st = ucp_listener_create(x->worker, &lp, &x->listener);
+        if (st != UCS_OK) {
+            st_errf(err, "xport: listen on %s:%d: %s", listen_host, listen_port, ucs_status_string(st));
+            goto fail;
+        }
+        ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+        st = ucp_listener_query(x->listener, &la);
+        if (st != UCS_OK) {
+            st_errf(err, "xport: ucp_listener_query: %s", ucs_status_string(st));
+            goto fail;
+        }
+        if (la.sockaddr.ss_family == AF_INET)
+            x->port = ntohs(((struct sockaddr_in *)&la.sockaddr)->sin_port);
+        else if (la.sockaddr.ss_family == AF_INET6)
+            x->port = ntohs(((struct sockaddr_in6 *)&la.sockaddr)->sin6_port);
+    }
+    kick(x); /* arm the worker from the loop */
+    return x;
+fail:
+    xport_destroy(x);
+    return NULL;
+}
+
+int xport_port(const xport *x) { return x->port; }
+size_t xport_max_inline_header(const xport *x) { return x->max_am_header > XPORT_PREFIX ? x->max_am_header - XPORT_PREFIX : 0; }
+
+xport_peer *xport_connect(xport *x, const char *host, int port, st_err *err)
+{
+    if (!host || port <= 0 || port > 65535) {
+        st_errf(err, "xport: bad address %s:%d", host ? host : "(null)", port);
+        return NULL;
+    }
+    if (x->n_peers >= XPORT_MAX_PEERS) {
+        st_errf(err, "xport: too many peers");
+        return NULL;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    if (resolve(host, port, &ss, &sl, false, err)) return NULL;
+    char name[80];
+    snprintf(name, sizeof name, "%s:%d", host, port);
+    xport_peer *p = peer_new(x, false, name);
+    if (!p) {
+        st_errf(err, "xport: out of memory");
+        return NULL;
+    }
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                          .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+                          .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sl},
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {.cb = on_ep_error, .arg = p}};
+    ucs_status_t st = ucp_ep_create(x->worker, &ep, &p->ep);
+    if (st != UCS_OK) {
+        free(p);
+        st_errf(err, "xport: connect %s: %s", name, ucs_status_string(st));
+        return NULL;
+    }
+    peer_link(x, p);
+    kick(x);
+    return p;
+}
+
+void xport_peer_close(xport_peer *p)
+{
+    if (p) peer_fail(p, "closed locally");
+}
+const char *xport_peer_name(const xport_peer *p) { return p->name; }
+void xport_peer_set_user(xport_peer *p, void *user) { p->user = user; }
+void *xport_peer_user(const xport_peer *p) { return p->user; }
+
+static int send_common(xport_peer *p, const uint8_t *hb, size_t hl, const void *payload, size_t bytes,
+                       const xport_mem *mem, xport_send_cb cb, void *arg, st_err *err)
+{
+    xport *x = p->x;
+    if (p->state != PEER_OPEN || p->fail) return st_errf(err, "xport: peer %s is disconnected", p->name);
+    if (bytes && !payload) return st_errf(err, "xport: payload of %zu bytes is NULL", bytes);
+    if (mem && bytes &&
+        ((const uint8_t *)payload < (const uint8_t *)mem->ptr ||
+         (const uint8_t *)payload + bytes > (const uint8_t *)mem->ptr + mem->len))
+        return st_errf(err, "xport: payload is outside its registered region");
+    struct send_ctx *c = calloc(1, sizeof *c);
+    if (!c) return st_errf(err, "xport: out of memory");
+    c->peer = p;
+    c->cb = cb;
+    c->arg = arg;
+    c->bytes = bytes;
+    bool inline_hdr = XPORT_PREFIX + hl <= x->max_am_header;
+    c->amhdr = malloc(XPORT_PREFIX + (inline_hdr ? hl : 0));
+    if (!c->amhdr) goto oom;
+    put_le32(c->amhdr, XPORT_MAGIC);
+    put_le16(c->amhdr + 4, XPORT_VERSION);
+    put_le16(c->amhdr + 6, inline_hdr ? 0 : XPORT_FLAG_HDR_IN_DATA);
+    put_le32(c->amhdr + 8, (uint32_t)hl);
+    put_le32(c->amhdr + 12, 0);
+    put_le64(c->amhdr + 16, p->tx_seq);
+    const void *data = payload;
+    size_t dlen = bytes;
+    if (inline_hdr) {
+        if (hl) memcpy(c->amhdr + XPORT_PREFIX, hb, hl);
+    } else {
+        c->copy = malloc(hl + bytes);
+        if (!c->copy) goto oom;
+        memcpy(c->copy, hb, hl);
+        if (bytes) memcpy(c->copy + hl, payload, bytes);
+        data = c->copy;
+        dlen = hl + bytes;
+        mem = NULL;
+    }
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_REPLY,
+                              .cb.send = on_send_cb,
+                              .user_data = c};
+    if (mem && dlen) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        rp.memh = mem->memh;
+    }
+    ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, XPORT_AM_FRAME, c->amhdr,
+                                          XPORT_PREFIX + (inline_hdr ? hl : 0), dlen ? data : NULL, dlen, &rp);
+    if (UCS_PTR_IS_ERR(sp)) {
+        ucs_status_t st = UCS_PTR_STATUS(sp);
+        free(c->amhdr);
+        free(c->copy);
+        free(c);
+        return st_errf(err, "xport: send to %s: %s", p->name, ucs_status_string(st));
+    }
+    p->tx_seq++;
+    p->ops++;
+    if (sp == NULL) send_done(x, c, 0); /* completed at once: report from the loop */
+    kick(x);
+    return 0;
+oom:
+    free(c->amhdr);
+    free(c);
+    return st_errf(err, "xport: out of memory");
+}
+
+int xport_send(xport_peer *p, const frame_header *hdr, const void *payload, size_t payload_bytes,
+               const xport_mem *mem, xport_send_cb cb, void *arg, st_err *err)
+{
+    if (frame_validate(hdr, payload_bytes, err)) return st_err_prefix(err, "xport_send");
+    size_t hl = 0;
+    uint8_t *hb = frame_header_pack(hdr, &hl, err);
+    if (!hb) return -1;
+    int rc = send_common(p, hb, hl, payload, payload_bytes, mem, cb, arg, err);
+    free(hb);
+    return rc;
+}
+
+int xport_send_raw(xport_peer *p, const void *hdr_bytes, size_t hdr_len, const void *payload, size_t payload_bytes,
+                   xport_send_cb cb, void *arg, st_err *err)
+{
+    if (hdr_len > FRAME_MAX_HEADER) return st_errf(err, "xport: header too long");
+    return send_common(p, hdr_bytes, hdr_len, payload, payload_bytes, NULL, cb, arg, err);
+}
+
+static xport_mem *mem_map(xport *x, void *ptr, size_t len, bool owned, st_err *err)
+{
+    xport_mem *m = calloc(1, sizeof *m);
+    if (!m) {
+        st_errf(err, "xport: out of memory");
+        return NULL;
+    }
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = ptr,
+                               .length = len};
+    ucs_status_t st = ucp_mem_map(x->ctx, &mp, &m->memh);
+    if (st != UCS_OK) {
+        free(m);
+        st_errf(err, "xport: ucp_mem_map %zu bytes: %s", len, ucs_status_string(st));
+        return NULL;
+    }
+    m->ptr = ptr;
+    m->len = len;
+    m->owned = owned;
+    return m;
+}
+
+xport_mem *xport_mem_register(xport *x, void *ptr, size_t len, st_err *err)
+{
+    if (!ptr || !len) {
+        st_errf(err, "xport: cannot register an empty region");
+        return NULL;
+    }
+    return mem_map(x, ptr, len, false, err);
+}
+
+xport_mem *xport_mem_alloc(xport *x, size_t len, st_err *err)
+{
+    void *ptr = NULL;
+    if (!len || posix_memalign(&ptr, 4096, len)) {
+        st_errf(err, "xport: cannot allocate %zu bytes", len);
+        return NULL;
+    }
+    xport_mem *m = mem_map(x, ptr, len, true, err);
+    if (!m) free(ptr);
+    return m;
+}
+
+void *xport_mem_ptr(const xport_mem *m) { return m->ptr; }
+size_t xport_mem_len(const xport_mem *m) { return m->len; }
+
+void xport_mem_unregister(xport *x, xport_mem *m)
+{
+    if (!m) return;
+    ucp_mem_unmap(x->ctx, m->memh);
+    if (m->owned) free(m->ptr);
+    free(m);
+}
+
+void xport_get_stats(const xport *x, xport_stats *out) { *out = x->stats; }
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void xport_destroy(xport *x)
+{
+    if (!x) return;
+    x->destroying = true;
+    if (x->worker) {
+        for (xport_peer *p = x->peers; p; p = p->next) {
+            if (!p->fail) snprintf(p->reason, sizeof p->reason, "transport destroyed");
+            p->fail = true;
+            peer_start_close(x, p);
+        }
+        /* Let closes and cancelled operations complete (bounded), running
+         * the send callbacks as they complete. */
+        double t0 = now_s();
+        for (;;) {
+            while (ucp_worker_progress(x->worker)) {
+            }
+            while (x->done_head) {
+                struct send_ctx *c = x->done_head;
+                x->done_head = c->next;
+                c->peer->ops--;
+                if (c->cb) c->cb(c->peer, c->status, c->arg);
+                free(c->amhdr);
+                free(c->copy);
+                free(c);
+            }
+            x->done_tail = NULL;
+            bool busy = false;
+            for (xport_peer *p = x->peers; p; p = p->next)
+                if (p->state != PEER_CLOSED || p->ops > 0) busy = true;
+            if (!busy || now_s() - t0 > 5.0) break;
+        }
+        while (x->peers) {
+            xport_peer *p = x->peers;
+            x->peers = p->next;
+            if (p->state != PEER_CLOSED || p->ops > 0)
+                ST_WARN("xport: %s did not close cleanly", p->name);
+            while (p->rx_head) {
+                struct rx *r = p->rx_head;
+                p->rx_head = r->next;
+                if (r->state != RX_WAITING) rx_free(x, r); /* a waiting one may still be written by UCX */
+            }
+            free(p);
+        }
+        if (x->listener) ucp_listener_destroy(x->listener);
+    }
+    if (x->ev) event_free(x->ev);
+    for (int i = 0; i < XPORT_POOL_MAX; i++) rbuf_unmap(x, &x->pool[i]);
+    if (x->worker) ucp_worker_destroy(x->worker);
+    if (x->ctx) ucp_cleanup(x->ctx);
+    free(x);
+}
