@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/dtype.h"
 #include "common/log.h"
@@ -156,6 +157,30 @@ static int parse_i64(const char *opt, const char *s, int64_t *out) {
     return 0;
 }
 
+/* The default vocabulary: tokenizer/ggml-vocab-llama-spm.gguf under
+ * $STRATA_SHARED, else ../shared, else the shared/ folder beside the repository
+ * this binary was built in (<repo>/<build>/cli/strata-gguf). */
+static int default_vocab(char *buf, size_t cap) {
+    const char *rel = "tokenizer/ggml-vocab-llama-spm.gguf";
+    const char *sh = getenv("STRATA_SHARED");
+    if (sh && *sh) {
+        snprintf(buf, cap, "%s/%s", sh, rel);
+        return 0; /* explicit: use it even if missing, so the error names it */
+    }
+    snprintf(buf, cap, "../shared/%s", rel);
+    if (access(buf, R_OK) == 0) return 0;
+    char exe[2048];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        snprintf(buf, cap, "%s/../../../shared/%s", exe, rel);
+        if (access(buf, R_OK) == 0) return 0;
+    }
+    return -1;
+}
+
 static int cmd_synth(int argc, char **argv) {
     synth_params p;
     synth_params_default(&p);
@@ -229,9 +254,12 @@ static int cmd_synth(int argc, char **argv) {
     }
     char vbuf[4096];
     if (!vocab) {
-        const char *sh = getenv("STRATA_SHARED");
-        snprintf(vbuf, sizeof vbuf, "%s/tokenizer/ggml-vocab-llama-spm.gguf",
-                 sh && *sh ? sh : "../shared");
+        if (default_vocab(vbuf, sizeof vbuf)) {
+            fprintf(stderr, "strata-gguf: synth: no vocabulary found (looked for "
+                            "$STRATA_SHARED, ../shared and the shared/ folder beside the "
+                            "repository); pass --vocab-from GGUF or --vocab-from none\n");
+            return 1;
+        }
         vocab = vbuf;
     }
     p.vocab_path = strcmp(vocab, "none") == 0 ? NULL : vocab;

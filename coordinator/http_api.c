@@ -2,7 +2,9 @@
  * and cancellation on client disconnect. See http_api.h. */
 #include "coordinator/http_api.h"
 
+#include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -42,6 +44,7 @@ struct call {
     compl_meta meta;
     uint64_t engine_id;
     bool stream;
+    struct event *watch; /* EOF watch on the client socket while we compute */
     call *prev, *next;
 };
 
@@ -104,6 +107,8 @@ static void call_free(call *c) {
 
 /* Detaches from the connection and frees (the request is answered or gone). */
 static void call_done(call *c) {
+    if (c->watch) event_free(c->watch);
+    c->watch = NULL;
     if (c->evcon) evhttp_connection_set_closecb(c->evcon, NULL, NULL);
     call_unlink(c);
     call_free(c);
@@ -204,6 +209,26 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg) {
     call_done(c);
 }
 
+/* evhttp does not read from a connection while its request is being
+ * handled, so a client that closes before anything is written goes unnoticed.
+ * This watch peeks at the socket: EOF or an error means the client is gone,
+ * and freeing the connection makes evhttp call on_conn_close. Bytes (a
+ * pipelined request) are left to evhttp and the watch stops. */
+static void on_client_readable(evutil_socket_t fd, short what, void *arg) {
+    call *c = arg;
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) {
+        if (n > 0) {
+            event_free(c->watch);
+            c->watch = NULL;
+        }
+        return;
+    }
+    struct evhttp_connection *evcon = c->evcon;
+    if (evcon) evhttp_connection_free(evcon); /* calls on_conn_close, which frees c */
+}
+
 static void handle_completions(http_api *api, struct evhttp_request *req) {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
@@ -262,7 +287,15 @@ static void handle_completions(http_api *api, struct evhttp_request *req) {
     api->calls = c;
     api->n_active++;
     c->evcon = evhttp_request_get_connection(req);
-    if (c->evcon) evhttp_connection_set_closecb(c->evcon, on_conn_close, c);
+    if (c->evcon) {
+        evhttp_connection_set_closecb(c->evcon, on_conn_close, c);
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
+        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+        if (fd >= 0) {
+            c->watch = event_new(api->base, fd, EV_READ | EV_PERSIST, on_client_readable, c);
+            if (c->watch) event_add(c->watch, NULL);
+        }
+    }
     if (c->stream) {
         struct evkeyvalq *h = evhttp_request_get_output_headers(req);
         evhttp_add_header(h, "Content-Type", "text/event-stream");
@@ -387,9 +420,21 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
 
 void http_api_destroy(http_api *api) {
     if (!api) return;
+    /* Answer what is in progress (so evhttp completes and frees it). */
     while (api->calls) {
         call *c = api->calls;
         api->engine->ops->cancel(api->engine->impl, c->engine_id);
+        compl_error e;
+        compl_error_set(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        if (c->stream) {
+            char *j = compl_error_json(&e);
+            if (j) send_sse(c, j);
+            free(j);
+            send_sse(c, "[DONE]");
+            evhttp_send_reply_end(c->req);
+        } else {
+            reply_error(c->req, &e);
+        }
         call_done(c);
     }
     if (api->http) evhttp_free(api->http);

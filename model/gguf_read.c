@@ -464,7 +464,8 @@ static int parse(gguf_file *f, st_err *err) {
         perr(p, end_info, "data section offset overflows");
         goto out;
     }
-    f->data_off = data_off;
+    /* Without tensors there is no data section (and often no padding). */
+    f->data_off = n_tensors == 0 && data_off > f->size ? f->size : data_off;
     if (n_tensors > 0 && data_off > f->size) {
         perr(p, f->size, "truncated data: the data section starts at byte %zu but the file has "
              "%zu bytes", data_off, f->size);

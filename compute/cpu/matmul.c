@@ -10,6 +10,7 @@
  *
  * The level is detected once (pthread_once); STRATA_SIMD=scalar|avx2|avx512
  * forces a lower one, cpu_matmul_set_level() changes it (tests, benches).
+ * STRATA_MATVEC_MAX_T overrides the matvec/GEMM threshold (tuning).
  */
 #include "compute/cpu/matmul.h"
 
@@ -33,6 +34,7 @@ static pthread_once_t mm_once = PTHREAD_ONCE_INIT;
 static int mm_best = CPU_SIMD_SCALAR;
 static atomic_int mm_level = CPU_SIMD_SCALAR;
 static atomic_int mm_blas_gemm = 0;
+static int mm_matvec_max_t = CPU_MATVEC_MAX_T;
 
 static const char *level_names[] = {"scalar", "avx2", "avx512"};
 
@@ -67,6 +69,8 @@ static void mm_init(void) {
     atomic_store(&mm_level, lv);
     const char *g = getenv("STRATA_GEMM");
     if (g && strcmp(g, "blas") == 0) atomic_store(&mm_blas_gemm, 1);
+    const char *mt = getenv("STRATA_MATVEC_MAX_T"); /* tuning: T below this uses the matvec */
+    if (mt && atoi(mt) >= 1) mm_matvec_max_t = atoi(mt);
     openblas_set_num_threads(1);
 }
 
@@ -184,7 +188,7 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     int nth = st_pool_size(pool);
     mm_job j = {.kn = kn, .y = y, .x = x, .w = w, .wtype = wtype, .T = T, .K = K, .N = N, .rb = rb};
 
-    if (T < CPU_MATVEC_MAX_T) {
+    if (T < mm_matvec_max_t) {
         if (lv == CPU_SIMD_SCALAR) {
             j.scratch_n = (size_t)K;
             j.scratch = malloc(sizeof(float) * j.scratch_n * (size_t)nth);

@@ -50,9 +50,41 @@ void ops_rope_rows(float *x, int n_head, int head_dim, int n_rot, const int32_t 
 static inline float h2f(uint16_t h) { return st_fp16_to_f32(h); }
 static inline float round_f16(float f) { return st_fp16_to_f32(st_f32_to_fp16(f)); }
 
+#include <stdlib.h>
+static void attend_fa(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
+                     const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
+                     int head_dim, int32_t n_pos, float scale, float *s) {
+    float *qh = s + n_pos;
+    uint16_t vkq[1024];
+    for (int i = 0; i < head_dim; i++) { qh[i] = round_f16(q[i]); vkq[i] = 0; }
+    float S = 0.0f, M = -INFINITY;
+    for (int32_t p = 0; p < n_pos; p++) {
+        int64_t row = ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
+        const uint16_t *k = kcache + row, *v = vcache + row;
+        double d = 0.0;
+        for (int i = 0; i < head_dim; i++) d += (double)(qh[i] * h2f(k[i]));
+        float sc = (float)d * scale;
+        float Mold = M, ms = 1.0f, vs = 1.0f;
+        if (sc > M) {
+            M = sc;
+            ms = expf(Mold - M);
+            for (int i = 0; i < head_dim; i++) vkq[i] = st_f32_to_fp16(h2f(vkq[i]) * ms);
+        } else {
+            vs = expf(sc - M);
+        }
+        for (int i = 0; i < head_dim; i++) vkq[i] = st_f32_to_fp16(h2f(vkq[i]) + h2f(v[i]) * vs);
+        S = S * ms + vs;
+    }
+    const float inv = 1.0f / S;
+    for (int i = 0; i < head_dim; i++) out[i] = h2f(vkq[i]) * inv;
+}
+
 void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
                      const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
                      int head_dim, int32_t n_pos, float scale, float *s) {
+    static int mode = -1;
+    if (mode < 0) mode = getenv("ENG_FA") ? 1 : 0;
+    if (mode) { attend_fa(out, q, kcache, vcache, block_table, bs, kv_stride, kv_off, head_dim, n_pos, scale, s); return; }
     float *qh = s + n_pos; /* q rounded to f16, as ggml converts src1 to the vec_dot type */
     for (int i = 0; i < head_dim; i++) qh[i] = round_f16(q[i]);
     float mx = -INFINITY;
