@@ -200,11 +200,16 @@ static void sink_finish(void *ctx, enum coord_finish reason, const char *message
 
 static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish};
 
-/* The client went away: the request object is being freed by evhttp. */
+/* The client went away. */
 static void on_conn_close(struct evhttp_connection *evcon, void *arg) {
     call *c = arg;
     ST_INFO("http: client closed the connection; cancelling %s", c->meta.id);
     c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
+    /* On a failed write or read, evhttp detaches a request that is still
+     * being answered from the connection and leaves it to us (libevent 2.1
+     * evhttp_connection_incoming_fail); otherwise it frees it after this. */
+    if (c->req && evhttp_request_get_connection(c->req) == NULL) evhttp_request_free(c->req);
+    c->req = NULL;
     c->evcon = NULL;
     call_done(c);
 }

@@ -69,9 +69,9 @@ void xport_destroy(xport *x);
 
 /* The bound listening port, or 0 without a listener. */
 int xport_port(const xport *x);
-/* Name of UCX transports in use ("tcp", "rc_mlx5", ...) is UCX's business;
- * this returns the max AM header bytes of the worker (frames with a larger
- * header are sent with the header in the data, copied). */
+/* The largest packed FrameHeader sent inline in the UCX AM header (the
+ * worker's max AM header minus the 24-byte prefix); frames with a larger
+ * header carry it in the data, and their payload is copied. */
 size_t xport_max_inline_header(const xport *x);
 
 /* Connects to host:port (numeric or resolvable; blocking resolve). Returns

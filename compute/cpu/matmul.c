@@ -25,8 +25,9 @@
 #include "compute/cpu/simd.h"
 
 /* Measured on a 2-core AVX-512 VM (strata-bench-matmul, F16): the matvec is
- * memory bound up to T≈4..6, the GEMM wins from T=6 on. */
-#define CPU_MATVEC_MAX_T 6
+ * faster up to T=7 (token rows share each pass over a weight row),
+ * the GEMM (fixed cost of a 16-token tile) from T=8 on. */
+#define CPU_MATVEC_MAX_T 8
 #define BLAS_TILE_ROWS 64
 
 /* Process-wide dispatch state (a cached CPU probe, not model state). */

@@ -86,7 +86,9 @@ void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const u
     if (mode < 0) mode = getenv("ENG_FA") ? 1 : 0;
     if (mode) { attend_fa(out, q, kcache, vcache, block_table, bs, kv_stride, kv_off, head_dim, n_pos, scale, s); return; }
     float *qh = s + n_pos; /* q rounded to f16, as ggml converts src1 to the vec_dot type */
-    for (int i = 0; i < head_dim; i++) qh[i] = round_f16(q[i]);
+    static int rq = -1, rw = -1;
+    if (rq < 0) { rq = !getenv("ENG_NOQ"); rw = !getenv("ENG_NOW"); }
+    for (int i = 0; i < head_dim; i++) qh[i] = rq ? round_f16(q[i]) : q[i];
     float mx = -INFINITY;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *k = kcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
@@ -104,7 +106,7 @@ void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const u
     for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *v = vcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
-        const float w = round_f16(s[p] * inv);
+        const float w = rw ? round_f16(s[p] * inv) : s[p] * inv;
         for (int i = 0; i < head_dim; i++) out[i] += w * h2f(v[i]);
     }
 }

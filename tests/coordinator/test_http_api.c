@@ -58,9 +58,14 @@ static void run_loop_for(double s) {
     event_base_dispatch(base);
 }
 
-/* curl args (NULL-terminated, without "curl"); returns the HTTP status and
- * the body in *body (malloc'd). The status comes from -w. */
-static int curl(const char **args, char **body) {
+typedef struct child {
+    pid_t pid;
+    int fd;
+} child;
+
+/* Starts curl with the args (NULL-terminated, without "curl"); its stdout
+ * ends in a pipe. -w appends the HTTP status as the last line. */
+static child curl_start(const char **args) {
     const char *argv[64];
     int n = 0;
     argv[n++] = "curl";
@@ -77,13 +82,20 @@ static int curl(const char **args, char **body) {
     posix_spawn_file_actions_adddup2(&fa, p[1], 1);
     posix_spawn_file_actions_addclose(&fa, p[0]);
     posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    REQUIRE(posix_spawnp(&pid, "curl", &fa, NULL, (char *const *)argv, environ) == 0);
+    child c;
+    REQUIRE(posix_spawnp(&c.pid, "curl", &fa, NULL, (char *const *)argv, environ) == 0);
     posix_spawn_file_actions_destroy(&fa);
     close(p[1]);
+    c.fd = p[0];
+    return c;
+}
+
+/* Runs the event loop until curl's output ends; returns the HTTP status and
+ * the body in *body (malloc'd). */
+static int curl_wait(child ch, char **body) {
     child_out o = {0};
     o.buf = calloc(1, 1);
-    struct event *ev = event_new(base, p[0], EV_READ | EV_PERSIST, on_pipe, &o);
+    struct event *ev = event_new(base, ch.fd, EV_READ | EV_PERSIST, on_pipe, &o);
     struct event *dl = evtimer_new(base, on_deadline, NULL);
     struct timeval tv = {20, 0};
     event_add(ev, NULL);
@@ -95,16 +107,17 @@ static int curl(const char **args, char **body) {
     REQUIRE_MSG(o.eof, "curl did not finish in 20 s");
     event_free(ev);
     event_free(dl);
-    close(p[0]);
+    close(ch.fd);
     int st;
-    waitpid(pid, &st, 0);
-    /* The last line is the status. */
+    waitpid(ch.pid, &st, 0);
     char *nl = strrchr(o.buf, '\n');
     int status = nl ? atoi(nl + 1) : 0;
     if (nl) *nl = '\0';
     *body = o.buf;
     return status;
 }
+
+static int curl(const char **args, char **body) { return curl_wait(curl_start(args), body); }
 
 static int post(const char *path, const char *json, char **body) {
     char u[256];
@@ -478,8 +491,30 @@ static void test_disconnect(void) {
     eng.interval_s = 0.001;
     CHECK_EQ_INT(get("/health", &body), 200);
     free(body);
-    /* Destroy with a request in flight cancels it. */
-    eng.interval_s = 0.5;
+}
+
+/* Destroying the server with requests in flight cancels them. */
+static void test_destroy_in_flight(void) {
+    eng.interval_s = 0.2;
+    int cancels = eng.cancels;
+    char u[256];
+    snprintf(u, sizeof u, "%s/v1/completions", url);
+    const char *a[] = {"--max-time", "5", "-X", "POST", "--data-binary",
+                       "{\"prompt\":\"Hi\",\"max_tokens\":100,\"stream\":true}", u, NULL};
+    const char *b[] = {"--max-time", "5", "-X", "POST", "--data-binary",
+                       "{\"prompt\":\"Hi\",\"max_tokens\":100}", u, NULL};
+    child c1 = curl_start(a), c2 = curl_start(b);
+    for (int i = 0; i < 50 && http_api_active(api) < 2; i++) run_loop_for(0.05);
+    CHECK_EQ_INT(http_api_active(api), 2);
+    http_api_destroy(api);
+    api = NULL;
+    CHECK_EQ_INT(eng.cancels, cancels + 2);
+    CHECK_EQ_INT(eng.active, 0);
+    char *body;
+    curl_wait(c1, &body);
+    free(body);
+    curl_wait(c2, &body);
+    free(body);
 }
 
 int main(void) {
@@ -510,8 +545,8 @@ int main(void) {
     test_non_streaming();
     test_streaming();
     test_disconnect();
+    test_destroy_in_flight();
 
-    http_api_destroy(api);
     replay_engine_free(&eng);
     event_base_free(base);
     return test_summary();

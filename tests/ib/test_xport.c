@@ -199,6 +199,12 @@ static void build_header(fx *f, int i)
     frame_shape(i, &rows, &cols, &dtype);
     int n_seqs = rows < 4 ? 1 : 1 + i % 4;
     fx_activations(f, (uint64_t)i, n_seqs, rows, cols, dtype, i % 3 == 0);
+    if (i == 6000) { /* a header larger than UCX's max AM header: sent in the data */
+        static int32_t big[20000];
+        for (int k = 0; k < 20000; k++) big[k] = k * 3;
+        f->seq[0].block_table = big;
+        f->seq[0].n_block_table = 20000;
+    }
 }
 
 static void p_connect(xport_peer *p, bool inbound, void *ud)
@@ -458,6 +464,9 @@ int main(int argc, char **argv)
     test_garbage(&s, port, good);
     test_death(&s);
     CHECK(round_trip(&s, good, 5000)); /* the survivor still round-trips */
+    fprintf(stderr, "max inline header: %zu bytes\n", xport_max_inline_header(s.x));
+    CHECK(xport_max_inline_header(s.x) < 40000);
+    CHECK(round_trip(&s, good, 6000)); /* header-in-data path */
     CHECK_EQ_INT(s.sends_failed, 0);
     reap(echo);
     event_free(t);
