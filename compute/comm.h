@@ -14,8 +14,8 @@
  *
  * Errors: a mismatched call, a bad dtype or a bad root return -1 with err.
  * The CPU group detects a mismatch (different op, count, dtype or root, or
- * bad arguments on any rank) on every rank: all of them return -1 with the
- * same message and no buffer is touched. NCCL checks only the local arguments
+ * bad arguments on any rank) on every rank: all of them return -1 with an
+ * error naming the offending rank, and no buffer is touched. NCCL checks only the local arguments
  * (a mismatch between ranks is undefined there, as in NCCL itself).
  * Stats: the call counters count calls that succeeded; `seconds` accumulates
  * CLOCK_MONOTONIC time inside every call, failed ones included.

@@ -189,7 +189,7 @@ static int cluster_key(parser *p, const char *k, const char *v) {
     if (!strcmp(k, "max_inflight"))
         return parse_int(p, "cluster", k, v, 0, 1 << 10, &c->max_inflight);
     if (!strcmp(k, "max_body_bytes")) {
-        int bytes; /* up to 1 GiB */
+        int bytes = 0; /* up to 1 GiB */
         if (!parse_int(p, "cluster", k, v, 1024, 1 << 30, &bytes)) return 0;
         c->max_body_bytes = (size_t)bytes;
         return 1;

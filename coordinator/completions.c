@@ -239,8 +239,11 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
         } else {
             return bad(e, "stop", "'stop' must be a string or a list of strings");
         }
-        for (int i = 0; i < r->n_stop; i++)
+        for (int i = 0; i < r->n_stop; i++) {
             if (!r->stop[i]) return bad(e, "stop", "out of memory");
+            if (strlen(r->stop[i]) > COMPL_MAX_STOP_LEN)
+                return bad(e, "stop", "a stop sequence is longer than %d bytes", COMPL_MAX_STOP_LEN);
+        }
     }
     if (get_bool(o, "stream", &r->stream, e)) return -1;
     if (get_bool(o, "return_token_ids", &r->return_token_ids, e)) return -1;

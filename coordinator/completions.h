@@ -29,6 +29,7 @@
 #include "common/err.h"
 
 #define COMPL_MAX_STOP 4
+#define COMPL_MAX_STOP_LEN 256 /* bytes per stop sequence */
 #define COMPL_MAX_LOGPROBS 5   /* OpenAI's limit for completions */
 #define COMPL_DEFAULT_MAX_TOKENS 16
 
@@ -77,7 +78,8 @@ typedef struct compl_limits {
 
 /* Parses and validates a body. -1 + e (status 400, or 404 for an unknown
  * model) on malformed JSON, invalid UTF-8, a non-object, a missing or
- * non-string prompt, wrong types, out-of-range values, n != 1, a bad stop. */
+ * non-string prompt, wrong types, out-of-range values, n != 1, a bad stop
+ * (not a string or list, more than 4, empty, longer than 256 bytes). */
 int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_request *out,
                 compl_error *e);
 void compl_request_free(compl_request *r);

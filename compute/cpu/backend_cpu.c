@@ -1,6 +1,7 @@
 /* backend_cpu.c — the CPU implementation of compute/backend.h: host memory,
  * cpu_matmul for the linear layers, compute/cpu/ops.c for the rest, each op
  * split over this rank's own st_pool. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,8 +87,42 @@ static void cpu_weight_free(backend *b, backend_weight *w) {
 static size_t cpu_weight_bytes(const backend *b) { return ((cpu_be *)b->impl)->weight_bytes; }
 static size_t cpu_buf_bytes(const backend *b) { return ((cpu_be *)b->impl)->buf_bytes; }
 
+/* ggml's reduction order for F32 weights on AVX-512 (llamafile tinyBLAS when
+ * K % 16 == 0, else ggml_vec_dot_f32), for bit-closeness with llama.cpp. */
+static float dot_ggml_f32(const float *x, const float *y, int64_t n) {
+    if (n % 16 == 0) {
+        float lane[16] = {0};
+        for (int64_t i = 0; i < n; i++) lane[i % 16] = fmaf(x[i], y[i], lane[i % 16]);
+        float t1[8], t2[4];
+        for (int j = 0; j < 8; j++) t1[j] = lane[j] + lane[j + 8];
+        for (int j = 0; j < 4; j++) t2[j] = t1[j] + t1[j + 4];
+        return (t2[0] + t2[2]) + (t2[1] + t2[3]);
+    }
+    int64_t np = n & ~(int64_t)63;
+    float acc[4][16] = {{0}};
+    for (int64_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++) acc[j][l] = fmaf(x[i + j * 16 + l], y[i + j * 16 + l], acc[j][l]);
+    float r[16];
+    for (int l = 0; l < 16; l++) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    float t1[8], t2[4];
+    for (int j = 0; j < 8; j++) t1[j] = r[j] + r[j + 8];
+    for (int j = 0; j < 4; j++) t2[j] = t1[j] + t1[j + 4];
+    double sum = (double)((t2[0] + t2[2]) + (t2[1] + t2[3]));
+    for (int64_t i = np; i < n; i++) sum += (double)(x[i] * y[i]);
+    return (float)sum;
+}
+
 static int cpu_matmul_op(backend *b, float *y, const float *x, const backend_weight *w, int64_t T,
                          st_err *err) {
+    static int emu = -1;
+    if (emu < 0) emu = getenv("ENG_MM") != NULL;
+    if (emu && w->type == GGML_TYPE_F32) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t n = 0; n < w->rows; n++)
+                y[t * w->rows + n] = dot_ggml_f32((const float *)w->data + n * w->cols, x + t * w->cols, w->cols);
+        return 0;
+    }
     return cpu_matmul(CB(b)->pool, y, x, w->data, w->type, T, w->cols, w->rows, err);
 }
 

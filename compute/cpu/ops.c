@@ -79,21 +79,28 @@ static void attend_fa(float *out, const float *q, const uint16_t *kcache, const 
     for (int i = 0; i < head_dim; i++) out[i] = h2f(vkq[i]) * inv;
 }
 
+static int env_flag(const char *n) { return getenv(n) != NULL; }
+
 void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
                      const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
                      int head_dim, int32_t n_pos, float scale, float *s) {
-    static int mode = -1;
-    if (mode < 0) mode = getenv("ENG_FA") ? 1 : 0;
+    static int mode = -1, emu = 0;
+    if (mode < 0) { mode = env_flag("ENG_FA"); emu = env_flag("ENG_EMU"); }
     if (mode) { attend_fa(out, q, kcache, vcache, block_table, bs, kv_stride, kv_off, head_dim, n_pos, scale, s); return; }
-    float *qh = s + n_pos; /* q rounded to f16, as ggml converts src1 to the vec_dot type */
-    static int rq = -1, rw = -1;
-    if (rq < 0) { rq = !getenv("ENG_NOQ"); rw = !getenv("ENG_NOW"); }
-    for (int i = 0; i < head_dim; i++) qh[i] = rq ? round_f16(q[i]) : q[i];
+    float *qh = s + n_pos;
+    for (int i = 0; i < head_dim; i++) qh[i] = round_f16(q[i]);
     float mx = -INFINITY;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *k = kcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
-        float d = 0.0f;
-        for (int i = 0; i < head_dim; i++) d += qh[i] * h2f(k[i]);
+        float d;
+        if (emu) {
+            double dd = 0.0;
+            for (int i = 0; i < head_dim; i++) dd += (double)(qh[i] * h2f(k[i]));
+            d = (float)dd;
+        } else {
+            d = 0.0f;
+            for (int i = 0; i < head_dim; i++) d += qh[i] * h2f(k[i]);
+        }
         s[p] = d * scale;
         if (s[p] > mx) mx = s[p];
     }
@@ -103,10 +110,25 @@ void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const u
         sum += (double)s[p];
     }
     const float inv = (float)(1.0 / sum);
+    for (int32_t p = 0; p < n_pos; p++) s[p] = round_f16(s[p] * inv);
+    if (emu) {
+        for (int i = 0; i < head_dim; i++) {
+            float lane[16] = {0};
+            for (int32_t p = 0; p < n_pos; p++) {
+                const uint16_t *v = vcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
+                lane[p % 16] = fmaf(s[p], h2f(v[i]), lane[p % 16]);
+            }
+            float t1[8], t2[4];
+            for (int j = 0; j < 8; j++) t1[j] = lane[j] + lane[j + 8];
+            for (int j = 0; j < 4; j++) t2[j] = t1[j] + t1[j + 4];
+            out[i] = (t2[0] + t2[2]) + (t2[1] + t2[3]);
+        }
+        return;
+    }
     for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *v = vcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
-        const float w = rw ? round_f16(s[p] * inv) : s[p] * inv;
+        const float w = s[p];
         for (int i = 0; i < head_dim; i++) out[i] += w * h2f(v[i]);
     }
 }

@@ -64,13 +64,21 @@ static uint64_t mix(uint64_t x) { /* splitmix64 finalizer */
     return x ^ (x >> 31);
 }
 
-enum mode { INTS = 0, RANDOM = 1 };
+enum mode { INTS = 0, RANDOM = 1, SPECIAL = 2 };
+
+/* Values that exercise rounding and the IEEE corner cases: overflow to inf,
+ * inf - inf = NaN, NaN propagation, signed zeros, subnormals, ties. */
+static const float special[] = {0.0f,     -0.0f,         1.0f,   -1.0f,     3e38f,  -3e38f,         1.0f / 0.0f,
+                                -1.0f / 0.0f, 0.0f / 0.0f, 1.00390625f, 1e-40f, -1e-40f, 65504.0f, 0.5f,
+                                1.0078125f, 257.0f};
 
 /* Element i of rank r's input. INTS: integers in [-1000, 1000] (sums exact);
- * RANDOM: signed values with 24 random mantissa bits over 16 binades. */
+ * RANDOM: signed values with 24 random mantissa bits over 16 binades;
+ * SPECIAL: picks from special[]. */
 static float input_f32(enum mode m, uint64_t seed, int r, size_t i) {
     uint64_t h = mix(seed * 0x100000001b3ull ^ mix(((uint64_t)r << 40) ^ i));
     if (m == INTS) return (float)((int)(h % 2001) - 1000);
+    if (m == SPECIAL) return special[h % (sizeof special / sizeof special[0])];
     float mant = (float)(h >> 40) / 16777216.0f - 0.5f;
     int e = (int)((h >> 8) % 16) - 8;
     float scale = 1.0f;
@@ -137,7 +145,7 @@ static void check_all_reduce(int n, enum comm_dtype dt, enum mode mode, size_t c
     k.ref = ref;
     int fails = run_ranks(n, ar_rank, &k);
     CHECK_MSG(fails == 0, "all_reduce %s %s n=%d count=%zu: %d rank(s) wrong", dt == COMM_F32 ? "f32" : "bf16",
-              mode == INTS ? "ints" : "random", n, count, fails);
+              mode == INTS ? "ints" : mode == RANDOM ? "random" : "special", n, count, fails);
     free(ref);
 }
 
@@ -418,6 +426,10 @@ int main(void) {
     check_all_reduce(1, COMM_F32, RANDOM, 1000, 9);
     check_broadcast(1, 100);
     check_int_sum_value();
+    for (int n = 2; n <= 4; n++) {
+        check_all_reduce(n, COMM_F32, SPECIAL, 1000, 21);
+        check_all_reduce(n, COMM_BF16, SPECIAL, 1000, 22);
+    }
 
     /* The big ones: 16 MiB of f32 (4 Mi elements) and of bf16 (8 Mi). */
     check_all_reduce(8, COMM_F32, RANDOM, (size_t)4 << 20, 11);

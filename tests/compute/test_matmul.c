@@ -158,6 +158,10 @@ int main(void) {
             if (np == 2) {
                 check_case(pool, levels[li], GGML_TYPE_F16, 260, 40, 9);
                 check_case(pool, levels[li], GGML_TYPE_Q8_0, 300, 64, 7);
+                /* Token tiles of 16, 32 and 48 in the own GEMM's micro-kernel. */
+                check_case(pool, levels[li], GGML_TYPE_F16, 9, 130, 50);
+                check_case(pool, levels[li], GGML_TYPE_F32, 20, 33, 13);
+                check_case(pool, levels[li], GGML_TYPE_BF16, 33, 64, 101);
                 /* The OpenBLAS GEMM path (the default below AVX-512). */
                 cpu_matmul_set_blas_gemm(1);
                 check_case(pool, levels[li], GGML_TYPE_F32, 70, 37, 17);

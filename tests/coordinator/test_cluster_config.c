@@ -153,5 +153,28 @@ int main(void) {
     unlink(path);
     CHECK(coord_config_load("/nonexistent/cluster.ini", &c, &e) == -1);
     CHECK(strstr(e.msg, "/nonexistent/cluster.ini: cannot open") != NULL);
+
+    /* A line too long for the parser is an error, not a silent cut. */
+    char longl[400];
+    snprintf(longl, sizeof longl, "[cluster]\nmodel = %0250d\n[stage.0]\naddress=a:1\n", 7);
+    expect_error(longl, "c.ini:2: line longer than");
+
+    /* The shipped examples parse and place stories260K's 5 layers. */
+    REQUIRE_MSG(coord_config_load(STRATA_SOURCE_DIR "/deploy/cluster-pp2-tp2.ini", &c, &e) == 0,
+                "%s", e.msg);
+    CHECK_EQ_INT(c.n_stages, 2);
+    CHECK_EQ_INT(c.stages[1].port, 7002);
+    REQUIRE(coord_config_placement(&c, 5, r, &e) == 0);
+    CHECK_EQ_INT(r[0].last, 3);
+    coord_config_free(&c);
+    REQUIRE_MSG(coord_config_load(STRATA_SOURCE_DIR "/deploy/cluster-named-workers.ini", &c, &e) == 0,
+                "%s", e.msg);
+    CHECK_EQ_INT(c.n_stages, 3);
+    CHECK_EQ_STR(c.stages[2].name, "node-c");
+    CHECK_EQ_INT(c.act_dtype, COORD_ACT_BF16);
+    REQUIRE(coord_config_placement(&c, 5, r, &e) == 0);
+    CHECK_EQ_INT(r[2].first, 4);
+    coord_config_free(&c);
+    CHECK(strstr(e.msg, "/nonexistent/cluster.ini: cannot open") != NULL);
     return test_summary();
 }

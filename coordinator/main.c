@@ -1,0 +1,140 @@
+/* main.c — strata-coordinator: reads the cluster config, places the model's
+ * layers on the stages, and serves the OpenAI-compatible HTTP API on one
+ * libevent loop until SIGINT or SIGTERM.
+ *
+ * Until the scheduler engine (sched.h driving the workers over ib/transport.h)
+ * is plugged in, completions are answered 503 and /health reports that no
+ * placement serves.
+ *
+ *   strata-coordinator --config FILE [--listen HOST:PORT]
+ */
+#include <event2/event.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "coordinator/cluster_config.h"
+#include "coordinator/http_api.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+
+/* The engine while no placement serves: everything is 503. */
+static int idle_submit(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
+                       uint64_t *id_out, st_err *err) {
+    st_errf(err, "no placement is serving yet (the workers are not connected)");
+    return COORD_EUNAVAIL;
+}
+static void idle_cancel(void *impl, uint64_t id) {}
+static int idle_health(void *impl, st_err *err) {
+    return st_errf(err, "no placement is serving yet (the workers are not connected)");
+}
+static const coord_engine_ops idle_ops = {idle_submit, idle_cancel, idle_health};
+
+static void on_signal(evutil_socket_t sig, short what, void *arg) {
+    ST_INFO("coordinator: signal %d, shutting down", (int)sig);
+    event_base_loopbreak(arg);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: strata-coordinator --config FILE [--listen HOST:PORT]\n"
+            "  --config FILE       cluster config (INI; see docs/cluster-config.md)\n"
+            "  --listen HOST:PORT  HTTP API address (overrides [cluster] listen)\n");
+}
+
+int main(int argc, char **argv) {
+    const char *config_path = NULL, *listen = NULL;
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                          {"listen", required_argument, NULL, 'l'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "c:l:h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': config_path = optarg; break;
+        case 'l': listen = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!config_path || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    st_log_set_tag("coordinator");
+    st_err err = {{0}};
+    coord_config cfg;
+    if (coord_config_load(config_path, &cfg, &err) != 0) {
+        fprintf(stderr, "strata-coordinator: %s\n", err.msg);
+        return 1;
+    }
+    int rc = 1;
+    struct event_base *base = NULL;
+    struct event *sigint = NULL, *sigterm = NULL;
+    http_api *api = NULL;
+    if (listen && coord_parse_hostport(listen, cfg.http_host, sizeof cfg.http_host, &cfg.http_port,
+                                       1, &err) != 0) {
+        fprintf(stderr, "strata-coordinator: --listen: %s\n", err.msg);
+        goto out;
+    }
+    /* The model's shape decides the placement and the context. */
+    gguf_file *gf = gguf_open(cfg.model, &err);
+    if (!gf) {
+        fprintf(stderr, "strata-coordinator: %s: model: %s\n", config_path, err.msg);
+        goto out;
+    }
+    llama_config mc;
+    int mrc = llama_config_from_gguf(gf, &mc, &err);
+    gguf_close(gf);
+    if (mrc != 0) {
+        fprintf(stderr, "strata-coordinator: %s: %s\n", cfg.model, err.msg);
+        goto out;
+    }
+    place_range ranges[PLACE_MAX_STAGES];
+    if (coord_config_placement(&cfg, mc.n_layer, ranges, &err) != 0) {
+        fprintf(stderr, "strata-coordinator: %s\n", err.msg);
+        goto out;
+    }
+    int n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : mc.n_ctx_train;
+    ST_INFO("coordinator: model %s (%s): %d layers, context %d, PP %d", cfg.model_name, cfg.model,
+            mc.n_layer, n_ctx, cfg.n_stages);
+    for (int i = 0; i < cfg.n_stages; i++)
+        ST_INFO("coordinator: stage %d (%s): layers [%d, %d) TP %d at %s:%d%s%s", i,
+                cfg.stages[i].name, ranges[i].first, ranges[i].last, cfg.stages[i].tp,
+                cfg.stages[i].host, cfg.stages[i].port, i == 0 ? " +embedding" : "",
+                i == cfg.n_stages - 1 ? " +lm_head" : "");
+
+    base = event_base_new();
+    if (!base) {
+        fprintf(stderr, "strata-coordinator: cannot create the event loop\n");
+        goto out;
+    }
+    coord_engine engine = {&idle_ops, NULL};
+    http_api_config hc = {cfg.http_host, cfg.http_port, cfg.max_body_bytes, cfg.model_name, n_ctx};
+    api = http_api_create(base, &hc, &engine, &err);
+    if (!api) {
+        fprintf(stderr, "strata-coordinator: %s\n", err.msg);
+        goto out;
+    }
+    printf("strata-coordinator: listening on http://%s:%d\n", cfg.http_host, http_api_port(api));
+    fflush(stdout);
+    signal(SIGPIPE, SIG_IGN);
+    sigint = evsignal_new(base, SIGINT, on_signal, base);
+    sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+    if (!sigint || !sigterm || event_add(sigint, NULL) || event_add(sigterm, NULL)) {
+        fprintf(stderr, "strata-coordinator: cannot install signal handlers\n");
+        goto out;
+    }
+    event_base_dispatch(base);
+    rc = 0;
+out:
+    http_api_destroy(api);
+    if (sigint) event_free(sigint);
+    if (sigterm) event_free(sigterm);
+    if (base) event_base_free(base);
+    coord_config_free(&cfg);
+    return rc;
+}
