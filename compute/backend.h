@@ -18,7 +18,7 @@
  *             rotate by angle pos * base^(-2i/n_rot) / ff[i] (ff = rope_freqs
  *             factors, 1 when NULL); dims >= n_rot are unchanged. (Su et al. 2021)
  *   attention softmax(q·k^T * scale) · v, causal, softmax in f32 with the max
- *             subtracted; F16 KV cache (see kv_store);
+ *             subtracted; F32 or F16 KV cache (see kv_store);
  *             query head h uses KV head h / (n_head / n_head_kv)  (GQA, Ainslie 2023)
  *   swiglu    out = silu(gate) * up, silu(x) = x / (1 + exp(-x)) (Shazeer 2020)
  * Every op returns 0, or -1 with err (bad arguments, device failure).
@@ -61,6 +61,7 @@ typedef struct backend_attn {
     int head_dim;
     int block_size; /* tokens per KV block */
     int n_cache_blocks; /* blocks in the cache (block ids must be < this) */
+    uint32_t kv_type;   /* cache element type: GGML_TYPE_F32 or GGML_TYPE_F16 */
     float scale;    /* 1/sqrt(head_dim) */
     int n_seqs;
     const backend_attn_seq *seqs;
@@ -95,15 +96,16 @@ typedef struct backend_ops {
     /* In place on x[T, n_head * head_dim]; pos[T] host; freq_factors[n_rot/2] host or NULL. */
     int (*rope)(backend *b, float *x, int64_t T, int n_head, int head_dim, int n_rot,
                 const int32_t *pos, float base, const float *freq_factors, st_err *err);
-    /* The KV cache is F16 (IEEE half), as llama.cpp's default cache type:
-     * kcache/vcache are [n_slots, kv_dim] halves (2 bytes each).
-     * kv_store rounds k[T, kv_dim], v[T, kv_dim] (f32) to f16 into row slots[t]
-     * (host; slot = block * block_size + offset). */
-    int (*kv_store)(backend *b, void *kcache, void *vcache, const float *k, const float *v,
-                    int64_t T, int64_t kv_dim, const int32_t *slots, int64_t n_slots, st_err *err);
+    /* KV cache: kcache/vcache are [n_slots, kv_dim] elements of kv_type, F32 or
+     * F16 (IEEE half; llama.cpp's default cache type, half the memory).
+     * kv_store writes k[T, kv_dim], v[T, kv_dim] (f32; rounded for F16) into
+     * row slots[t] (host; slot = block * block_size + offset). */
+    int (*kv_store)(backend *b, void *kcache, void *vcache, uint32_t kv_type, const float *k,
+                    const float *v, int64_t T, int64_t kv_dim, const int32_t *slots,
+                    int64_t n_slots, st_err *err);
     /* out[T, n_head * head_dim] = attention of q[T, n_head * head_dim] over the
-     * cache. As ggml's non-flash path with an F16 cache, q and the softmax
-     * weights are rounded to f16 before their products with K and V. */
+     * cache (a->kv_type). With F16, as ggml's non-flash path, q and the
+     * softmax weights are rounded to f16 before their products with K and V. */
     int (*attention)(backend *b, float *out, const float *q, const void *kcache,
                      const void *vcache, const backend_attn *a, st_err *err);
     /* out[n] = silu(gate[n]) * up[n]; out may alias gate. */

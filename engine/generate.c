@@ -66,7 +66,8 @@ gen_engine *gen_open(const gen_params *pin, st_err *err) {
                        .n_threads = p->n_threads,
                        .kv_blocks = p->kv_blocks,
                        .block_size = p->block_size,
-                       .backend = p->backend};
+                       .backend = p->backend,
+                       .kv_type = p->kv_type};
     g->st = stage_open(&sp, err);
     if (!g->st) {
         free(g);

@@ -37,6 +37,7 @@ typedef struct gen_params {
     int kv_blocks;       /* 0 = enough for max_seqs sequences of n_ctx tokens */
     int max_batch_tokens; /* prefill chunk; 0 = 512 */
     const char *backend; /* NULL = "cpu" */
+    uint32_t kv_type;    /* GGML_TYPE_F32 (0, default) or GGML_TYPE_F16; see stage_params */
 } gen_params;
 
 enum gen_stop { GEN_STOP_LENGTH = 0, GEN_STOP_EOS = 1, GEN_STOP_CALLBACK = 2, GEN_STOP_CONTEXT = 3 };

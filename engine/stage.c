@@ -20,7 +20,7 @@
 
 typedef struct layer_w {
     backend_weight attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
-    void *kc, *vc; /* f16 [kv_blocks * block_size, n_head_kv_local * head_dim] */
+    void *kc, *vc; /* [kv_blocks * block_size, n_head_kv_local * head_dim] of kv_type */
 } layer_w;
 
 typedef struct rank_ctx {
@@ -101,7 +101,9 @@ static void progress(stage *s, size_t bytes) {
     pthread_mutex_lock(&s->mu);
     s->load_done += bytes;
     int pct = s->load_total ? (int)(100.0 * (double)s->load_done / (double)s->load_total) : 100;
-    if (pct / 10 > s->load_pct_logged / 10 || (pct == 100 && s->load_pct_logged < 100)) {
+    /* Every 10% for models of 64 MiB and more; small ones only log the end. */
+    int step = s->load_total >= (64u << 20) ? 10 : 100;
+    if (pct / step > s->load_pct_logged / step) {
         s->load_pct_logged = pct;
         ST_INFO("stage [%d,%d) tp %d: loaded %d%% (%.1f / %.1f MiB)", s->first, s->last, s->tp,
                 pct, (double)s->load_done / 1048576.0, (double)s->load_total / 1048576.0);
@@ -217,9 +219,10 @@ static int rank_load(rank_ctx *rc, st_err *err) {
             load_cols(rc, &L->down, NM("ffn_down"), pl->ff.lo, pl->ff.hi, err))
             return -1;
 #undef NM
-        L->kc = rc->be->ops->alloc(rc->be, kv_elems * sizeof(uint16_t), err);
+        const size_t esz = s->p.kv_type == GGML_TYPE_F16 ? 2 : 4;
+        L->kc = rc->be->ops->alloc(rc->be, kv_elems * esz, err);
         if (!L->kc) return -1;
-        L->vc = rc->be->ops->alloc(rc->be, kv_elems * sizeof(uint16_t), err);
+        L->vc = rc->be->ops->alloc(rc->be, kv_elems * esz, err);
         if (!L->vc) return -1;
     }
     if (s->last == c->n_layer) {
@@ -375,6 +378,7 @@ static void rank_forward(rank_ctx *rc) {
         .head_dim = (int)hd,
         .block_size = s->p.block_size,
         .n_cache_blocks = s->p.kv_blocks,
+        .kv_type = s->p.kv_type,
         .scale = 1.0f / sqrtf((float)hd),
         .n_seqs = b->n_seqs,
         .seqs = fw->aseqs,
@@ -388,7 +392,7 @@ static void rank_forward(rank_ctx *rc) {
         OP(o->matmul(be, rc->v, rc->xn, &L->wv, T, err));
         OP(o->rope(be, rc->q, T, pl->n_head_local, (int)hd, c->n_rot, fw->pos, c->rope_base, s->rope_ff, err));
         OP(o->rope(be, rc->k, T, pl->n_head_kv_local, (int)hd, c->n_rot, fw->pos, c->rope_base, s->rope_ff, err));
-        OP(o->kv_store(be, L->kc, L->vc, rc->k, rc->v, T, pl->n_head_kv_local * hd, fw->slots, n_slots, err));
+        OP(o->kv_store(be, L->kc, L->vc, s->p.kv_type, rc->k, rc->v, T, pl->n_head_kv_local * hd, fw->slots, n_slots, err));
         OP(o->attention(be, rc->att, rc->q, L->kc, L->vc, &at, err));
         OP(o->matmul(be, rc->o, rc->att, &L->wo, T, err));
         COLL(o->all_reduce(be, rc->c, rc->o, (size_t)(T * E), &_e));
@@ -581,6 +585,10 @@ stage *stage_open(const stage_params *pin, st_err *err) {
     pthread_cond_init(&s->cv_done, NULL);
     s->p = *pin;
     if (s->p.block_size == 0) s->p.block_size = 16;
+    if (s->p.kv_type != GGML_TYPE_F32 && s->p.kv_type != GGML_TYPE_F16) {
+        st_errf(err, "stage: KV cache type %s is not supported (f32 or f16)", ggml_type_name(s->p.kv_type));
+        goto fail;
+    }
     s->tp = s->p.tp;
     if (s->tp < 1 || s->tp > 64) {
         st_errf(err, "stage: TP degree %d must be in [1, 64]", s->tp);

@@ -23,7 +23,7 @@
  * This holds for every t, t = 1 included (the comm group then has one rank).
  *
  * KV cache: each rank holds, for each of its layers, K and V caches of
- * kv_blocks * block_size slots of its local KV heads (F16, as llama.cpp). The caller owns the
+ * kv_blocks * block_size slots of its local KV heads (kv_type). The caller owns the
  * block tables (model/kv.h) and sends them with every batch; the stage only
  * reads them. Block ids are the same on every stage of a pipeline.
  *
@@ -54,6 +54,8 @@ typedef struct stage_params {
     int kv_blocks;          /* KV cache blocks (each rank, same ids); >= 1 */
     int block_size;         /* tokens per KV block; 0 = 16 */
     const char *backend;    /* "cpu" (default when NULL) */
+    uint32_t kv_type;       /* KV cache element type: GGML_TYPE_F32 (0, the default) or
+                               GGML_TYPE_F16 (llama.cpp's default, half the memory) */
 } stage_params;
 
 /* One sequence in a micro-batch. Its n_tokens tokens are at positions

@@ -1,7 +1,6 @@
 /* backend_cpu.c — the CPU implementation of compute/backend.h: host memory,
  * cpu_matmul for the linear layers, compute/cpu/ops.c for the rest, each op
  * split over this rank's own st_pool. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,42 +86,8 @@ static void cpu_weight_free(backend *b, backend_weight *w) {
 static size_t cpu_weight_bytes(const backend *b) { return ((cpu_be *)b->impl)->weight_bytes; }
 static size_t cpu_buf_bytes(const backend *b) { return ((cpu_be *)b->impl)->buf_bytes; }
 
-/* ggml's reduction order for F32 weights on AVX-512 (llamafile tinyBLAS when
- * K % 16 == 0, else ggml_vec_dot_f32), for bit-closeness with llama.cpp. */
-static float dot_ggml_f32(const float *x, const float *y, int64_t n) {
-    if (n % 16 == 0) {
-        float lane[16] = {0};
-        for (int64_t i = 0; i < n; i++) lane[i % 16] = fmaf(x[i], y[i], lane[i % 16]);
-        float t1[8], t2[4];
-        for (int j = 0; j < 8; j++) t1[j] = lane[j] + lane[j + 8];
-        for (int j = 0; j < 4; j++) t2[j] = t1[j] + t1[j + 4];
-        return (t2[0] + t2[2]) + (t2[1] + t2[3]);
-    }
-    int64_t np = n & ~(int64_t)63;
-    float acc[4][16] = {{0}};
-    for (int64_t i = 0; i < np; i += 64)
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 16; l++) acc[j][l] = fmaf(x[i + j * 16 + l], y[i + j * 16 + l], acc[j][l]);
-    float r[16];
-    for (int l = 0; l < 16; l++) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    float t1[8], t2[4];
-    for (int j = 0; j < 8; j++) t1[j] = r[j] + r[j + 8];
-    for (int j = 0; j < 4; j++) t2[j] = t1[j] + t1[j + 4];
-    double sum = (double)((t2[0] + t2[2]) + (t2[1] + t2[3]));
-    for (int64_t i = np; i < n; i++) sum += (double)(x[i] * y[i]);
-    return (float)sum;
-}
-
 static int cpu_matmul_op(backend *b, float *y, const float *x, const backend_weight *w, int64_t T,
                          st_err *err) {
-    static int emu = -1;
-    if (emu < 0) emu = getenv("ENG_MM") != NULL;
-    if (emu && w->type == GGML_TYPE_F32) {
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t n = 0; n < w->rows; n++)
-                y[t * w->rows + n] = dot_ggml_f32((const float *)w->data + n * w->cols, x + t * w->cols, w->cols);
-        return 0;
-    }
     return cpu_matmul(CB(b)->pool, y, x, w->data, w->type, T, w->cols, w->rows, err);
 }
 
@@ -197,13 +162,24 @@ static int cpu_rope(backend *b, float *x, int64_t T, int n_head, int head_dim, i
     return 0;
 }
 
-static int cpu_kv_store(backend *b, void *kcv, void *vcv, const float *k, const float *v,
+static int cpu_kv_store(backend *b, void *kcv, void *vcv, uint32_t kv_type, const float *k,
+                        const float *v,
                         int64_t T, int64_t kv_dim, const int32_t *slots, int64_t n_slots,
                         st_err *err) {
     for (int64_t t = 0; t < T; t++)
         if (slots[t] < 0 || slots[t] >= n_slots)
             return st_errf(err, "cpu backend: KV slot %d outside [0, %lld)", (int)slots[t],
                            (long long)n_slots);
+    if (kv_type == GGML_TYPE_F32) {
+        float *kc = kcv, *vc = vcv;
+        for (int64_t t = 0; t < T; t++) {
+            memcpy(kc + (int64_t)slots[t] * kv_dim, k + t * kv_dim, (size_t)kv_dim * sizeof(float));
+            memcpy(vc + (int64_t)slots[t] * kv_dim, v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+        }
+        return 0;
+    }
+    if (kv_type != GGML_TYPE_F16)
+        return st_errf(err, "cpu backend: KV cache type %s is not supported", ggml_type_name(kv_type));
     uint16_t *kc = kcv, *vc = vcv;
     for (int64_t t = 0; t < T; t++) {
         uint16_t *kd = kc + (int64_t)slots[t] * kv_dim, *vd = vc + (int64_t)slots[t] * kv_dim;
@@ -219,7 +195,7 @@ static int cpu_kv_store(backend *b, void *kcv, void *vcv, const float *k, const 
 typedef struct attn_job {
     float *out;
     const float *q;
-    const uint16_t *kc, *vc;
+    const void *kc, *vc;
     const backend_attn *a;
     const int32_t *row_seq; /* batch row -> seq index */
     int64_t n_rows;
@@ -241,16 +217,23 @@ static void job_attn(void *ctx, int ith, int nth) {
         int h = (int)(w % a->n_head);
         const backend_attn_seq *sq = &a->seqs[j->row_seq[row]];
         int32_t n_pos = sq->pos0 + (int32_t)(row - sq->tok0) + 1; /* causal */
-        ops_attend_head(j->out + row * qdim + (int64_t)h * a->head_dim,
-                        j->q + row * qdim + (int64_t)h * a->head_dim, j->kc, j->vc,
-                        sq->block_table, a->block_size, kvdim, (int64_t)(h / group) * a->head_dim,
-                        a->head_dim, n_pos, a->scale, s);
+        float *o = j->out + row * qdim + (int64_t)h * a->head_dim;
+        const float *q = j->q + row * qdim + (int64_t)h * a->head_dim;
+        const int64_t off = (int64_t)(h / group) * a->head_dim;
+        if (a->kv_type == GGML_TYPE_F16)
+            ops_attend_head_f16(o, q, j->kc, j->vc, sq->block_table, a->block_size, kvdim, off,
+                                a->head_dim, n_pos, a->scale, s);
+        else
+            ops_attend_head_f32(o, q, j->kc, j->vc, sq->block_table, a->block_size, kvdim, off,
+                                a->head_dim, n_pos, a->scale, s);
     }
 }
 
 static int cpu_attention(backend *b, float *out, const float *q, const void *kc, const void *vc,
                          const backend_attn *a, st_err *err) {
     cpu_be *c = CB(b);
+    if (a->kv_type != GGML_TYPE_F32 && a->kv_type != GGML_TYPE_F16)
+        return st_errf(err, "cpu backend: KV cache type %s is not supported", ggml_type_name(a->kv_type));
     if (a->n_head_kv <= 0 || a->n_head % a->n_head_kv || a->block_size <= 0 || a->n_seqs < 0)
         return st_errf(err, "cpu backend: bad attention shape (heads %d / kv %d, block %d)",
                        a->n_head, a->n_head_kv, a->block_size);

@@ -50,57 +50,14 @@ void ops_rope_rows(float *x, int n_head, int head_dim, int n_rot, const int32_t 
 static inline float h2f(uint16_t h) { return st_fp16_to_f32(h); }
 static inline float round_f16(float f) { return st_fp16_to_f32(st_f32_to_fp16(f)); }
 
-#include <stdlib.h>
-static void attend_fa(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
-                     const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
-                     int head_dim, int32_t n_pos, float scale, float *s) {
-    float *qh = s + n_pos;
-    uint16_t vkq[1024];
-    for (int i = 0; i < head_dim; i++) { qh[i] = round_f16(q[i]); vkq[i] = 0; }
-    float S = 0.0f, M = -INFINITY;
-    for (int32_t p = 0; p < n_pos; p++) {
-        int64_t row = ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
-        const uint16_t *k = kcache + row, *v = vcache + row;
-        double d = 0.0;
-        for (int i = 0; i < head_dim; i++) d += (double)(qh[i] * h2f(k[i]));
-        float sc = (float)d * scale;
-        float Mold = M, ms = 1.0f, vs = 1.0f;
-        if (sc > M) {
-            M = sc;
-            ms = expf(Mold - M);
-            for (int i = 0; i < head_dim; i++) vkq[i] = st_f32_to_fp16(h2f(vkq[i]) * ms);
-        } else {
-            vs = expf(sc - M);
-        }
-        for (int i = 0; i < head_dim; i++) vkq[i] = st_f32_to_fp16(h2f(vkq[i]) + h2f(v[i]) * vs);
-        S = S * ms + vs;
-    }
-    const float inv = 1.0f / S;
-    for (int i = 0; i < head_dim; i++) out[i] = h2f(vkq[i]) * inv;
-}
-
-static int env_flag(const char *n) { return getenv(n) != NULL; }
-
-void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
-                     const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
-                     int head_dim, int32_t n_pos, float scale, float *s) {
-    static int mode = -1, emu = 0;
-    if (mode < 0) { mode = env_flag("ENG_FA"); emu = env_flag("ENG_EMU"); }
-    if (mode) { attend_fa(out, q, kcache, vcache, block_table, bs, kv_stride, kv_off, head_dim, n_pos, scale, s); return; }
-    float *qh = s + n_pos;
-    for (int i = 0; i < head_dim; i++) qh[i] = round_f16(q[i]);
+void ops_attend_head_f32(float *out, const float *q, const float *kcache, const float *vcache,
+                         const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
+                         int head_dim, int32_t n_pos, float scale, float *s) {
     float mx = -INFINITY;
     for (int32_t p = 0; p < n_pos; p++) {
-        const uint16_t *k = kcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
-        float d;
-        if (emu) {
-            double dd = 0.0;
-            for (int i = 0; i < head_dim; i++) dd += (double)(qh[i] * h2f(k[i]));
-            d = (float)dd;
-        } else {
-            d = 0.0f;
-            for (int i = 0; i < head_dim; i++) d += qh[i] * h2f(k[i]);
-        }
+        const float *k = kcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
+        float d = 0.0f;
+        for (int i = 0; i < head_dim; i++) d += q[i] * k[i];
         s[p] = d * scale;
         if (s[p] > mx) mx = s[p];
     }
@@ -110,25 +67,37 @@ void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const u
         sum += (double)s[p];
     }
     const float inv = (float)(1.0 / sum);
-    for (int32_t p = 0; p < n_pos; p++) s[p] = round_f16(s[p] * inv);
-    if (emu) {
-        for (int i = 0; i < head_dim; i++) {
-            float lane[16] = {0};
-            for (int32_t p = 0; p < n_pos; p++) {
-                const uint16_t *v = vcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
-                lane[p % 16] = fmaf(s[p], h2f(v[i]), lane[p % 16]);
-            }
-            float t1[8], t2[4];
-            for (int j = 0; j < 8; j++) t1[j] = lane[j] + lane[j + 8];
-            for (int j = 0; j < 4; j++) t2[j] = t1[j] + t1[j + 4];
-            out[i] = (t2[0] + t2[2]) + (t2[1] + t2[3]);
-        }
-        return;
+    for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const float *v = vcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
+        const float w = s[p] * inv;
+        for (int i = 0; i < head_dim; i++) out[i] += w * v[i];
     }
+}
+
+void ops_attend_head_f16(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
+                         const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
+                         int head_dim, int32_t n_pos, float scale, float *s) {
+    float *qh = s + n_pos; /* q rounded to f16: ggml converts src1 to F16, the vec_dot type */
+    for (int i = 0; i < head_dim; i++) qh[i] = round_f16(q[i]);
+    float mx = -INFINITY;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const uint16_t *k = kcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
+        float d = 0.0f;
+        for (int i = 0; i < head_dim; i++) d += qh[i] * h2f(k[i]);
+        s[p] = d * scale;
+        if (s[p] > mx) mx = s[p];
+    }
+    double sum = 0.0;
+    for (int32_t p = 0; p < n_pos; p++) {
+        s[p] = expf(s[p] - mx);
+        sum += (double)s[p];
+    }
+    const float inv = (float)(1.0 / sum);
     for (int i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *v = vcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
-        const float w = s[p];
+        const float w = round_f16(s[p] * inv); /* the softmax weights are rounded as well */
         for (int i = 0; i < head_dim; i++) out[i] += w * h2f(v[i]);
     }
 }

@@ -18,13 +18,17 @@ void ops_rope_rows(float *x, int n_head, int head_dim, int n_rot, const int32_t 
                    const float *freq_factors, int64_t r0, int64_t r1);
 
 /* One query head of one token: out[head_dim] = softmax(q·K^T * scale) V over
- * positions [0, n_pos) of a paged F16 cache. K row of position p:
- * kcache + (block_table[p / bs] * bs + p % bs) * kv_stride + kv_off (halves).
- * As ggml with an F16 cache: q and the softmax weights are rounded to f16.
+ * positions [0, n_pos) of a paged cache. K row of position p:
+ * kcache + (block_table[p / bs] * bs + p % bs) * kv_stride + kv_off (elements).
+ * _f32: an f32 cache. _f16: an F16 cache, as ggml's non-flash path computes
+ * it (q and the softmax weights rounded to f16 before the products).
  * scratch holds n_pos + head_dim floats. */
-void ops_attend_head(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
-                     const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
-                     int head_dim, int32_t n_pos, float scale, float *scratch);
+void ops_attend_head_f32(float *out, const float *q, const float *kcache, const float *vcache,
+                         const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
+                         int head_dim, int32_t n_pos, float scale, float *scratch);
+void ops_attend_head_f16(float *out, const float *q, const uint16_t *kcache, const uint16_t *vcache,
+                         const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
+                         int head_dim, int32_t n_pos, float scale, float *scratch);
 
 /* out[i] = silu(gate[i]) * up[i] for i in [i0, i1). */
 void ops_swiglu(float *out, const float *gate, const float *up, int64_t i0, int64_t i1);

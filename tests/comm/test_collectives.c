@@ -99,10 +99,35 @@ typedef struct {
     uint64_t seed;
     size_t count;
     const void *ref; /* the rank-order sum, computed serially */
+    uint64_t hash[16]; /* FNV-1a of each rank's result bytes: all equal */
 } ar_case;
 
+static uint64_t fnv1a(const void *p, size_t n) {
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Bit-for-bit equal, except that any NaN equals any NaN: which NaN an
+ * addition returns (sign, payload) depends on the operand order the compiler
+ * picks for a commutative +, which IEEE 754 leaves open. */
+static int same_elem(const void *a, const void *b, size_t elem) {
+    if (!memcmp(a, b, elem)) return 1;
+    if (elem == 4) {
+        float x, y;
+        memcpy(&x, a, 4);
+        memcpy(&y, b, 4);
+        return x != x && y != y;
+    }
+    uint16_t x, y;
+    memcpy(&x, a, 2);
+    memcpy(&y, b, 2);
+    return (x & 0x7fff) > 0x7f80 && (y & 0x7fff) > 0x7f80;
+}
+
 static int ar_rank(comm *c, void *p) {
-    const ar_case *k = p;
+    ar_case *k = p;
     size_t elem = k->dt == COMM_F32 ? 4 : 2;
     void *buf = malloc(k->count * elem);
     if (!buf) return 1;
@@ -116,12 +141,15 @@ static int ar_rank(comm *c, void *p) {
         fprintf(stderr, "rank %d: all_reduce failed: %s\n", c->rank, err.msg);
         fails++;
     } else if (memcmp(buf, k->ref, k->count * elem) != 0) {
-        size_t i = 0;
-        while (i < k->count && !memcmp((char *)buf + i * elem, (const char *)k->ref + i * elem, elem)) i++;
-        fprintf(stderr, "rank %d of %d: %s count %zu: first difference at element %zu\n", c->rank, c->size,
-                k->dt == COMM_F32 ? "f32" : "bf16", k->count, i);
-        fails++;
+        for (size_t i = 0; i < k->count; i++)
+            if (!same_elem((char *)buf + i * elem, (const char *)k->ref + i * elem, elem)) {
+                fprintf(stderr, "rank %d of %d: %s count %zu: first difference at element %zu\n", c->rank, c->size,
+                        k->dt == COMM_F32 ? "f32" : "bf16", k->count, i);
+                fails++;
+                break;
+            }
     }
+    k->hash[c->rank] = fnv1a(buf, k->count * elem);
     free(buf);
     return fails;
 }
@@ -144,6 +172,7 @@ static void check_all_reduce(int n, enum comm_dtype dt, enum mode mode, size_t c
     }
     k.ref = ref;
     int fails = run_ranks(n, ar_rank, &k);
+    for (int r = 1; r < n; r++) CHECK_MSG(k.hash[r] == k.hash[0], "all_reduce n=%d: rank %d's bytes differ", n, r);
     CHECK_MSG(fails == 0, "all_reduce %s %s n=%d count=%zu: %d rank(s) wrong", dt == COMM_F32 ? "f32" : "bf16",
               mode == INTS ? "ints" : mode == RANDOM ? "random" : "special", n, count, fails);
     free(ref);
