@@ -4,6 +4,7 @@
  *              [--min-p P] [--repeat-penalty R] [--presence-penalty X]
  *              [--frequency-penalty X] [--seed S] [--threads N] [--tp N]
  *              [--stop STR]... [--ignore-eos] [--json] [--top-logprobs K]
+ *              [--cache-type f16|f32]   (KV cache element type; llama.cpp's default is f16)
  *
  * Streams the completion text to stdout as tokens are sampled. With --json it
  * prints one JSON object instead (prompt_tokens, completion_tokens, text,
@@ -31,6 +32,7 @@
 typedef struct run_opts {
     const char *model, *prompt;
     int n_predict, threads, tp, top_logprobs;
+    uint32_t kv_type; /* KV cache element type (GGML_TYPE_F32 or F16) */
     bool json, ignore_eos, seed_set;
     const char *stops[STOP_MAX_STRINGS];
     int n_stops;
@@ -54,7 +56,8 @@ static void usage(FILE *f) {
             "usage: strata-run --model FILE --prompt TEXT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
             "                  [--min-p P] [--repeat-penalty R] [--presence-penalty X]\n"
             "                  [--frequency-penalty X] [--seed S] [--threads N] [--tp N]\n"
-            "                  [--stop STR]... [--ignore-eos] [--json] [--top-logprobs K]\n");
+            "                  [--stop STR]... [--ignore-eos] [--json] [--top-logprobs K]\n"
+            "                  [--cache-type f16|f32]\n");
 }
 
 static int bad_flag(const char *fmt, const char *a, const char *b) {
@@ -85,7 +88,7 @@ static int parse_float(const char *flag, const char *s, float *out) {
 
 static int parse_args(int argc, char **argv, run_opts *o) {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED, O_THREADS, O_TP,
-           O_STOP, O_IGN, O_JSON, O_TOPLP, O_HELP };
+           O_STOP, O_IGN, O_JSON, O_TOPLP, O_HELP, O_CACHE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'},   {"temp", required_argument, 0, O_TEMP},
@@ -97,6 +100,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         {"tp", required_argument, 0, O_TP},         {"stop", required_argument, 0, O_STOP},
         {"ignore-eos", no_argument, 0, O_IGN},      {"json", no_argument, 0, O_JSON},
         {"top-logprobs", required_argument, 0, O_TOPLP}, {"help", no_argument, 0, O_HELP},
+        {"cache-type", required_argument, 0, O_CACHE},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
@@ -137,6 +141,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         case O_IGN: o->ignore_eos = true; break;
         case O_JSON: o->json = true; break;
         case O_TOPLP: rc = parse_int("--top-logprobs", optarg, 0, SAMPLER_MAX_TOP_LOGPROBS, &o->top_logprobs); break;
+        case O_CACHE:
+            if (!strcmp(optarg, "f16")) o->kv_type = GGML_TYPE_F16;
+            else if (!strcmp(optarg, "f32")) o->kv_type = GGML_TYPE_F32;
+            else rc = bad_flag("--cache-type: expected f16 or f32, got '%s'%s", optarg, "");
+            break;
         case O_HELP: usage(stdout); exit(0);
         case ':': rc = bad_flag("option %s needs a value%s", argv[optind - 1], ""); break;
         default: rc = bad_flag("unknown option '%s'%s (see --help)", argv[optind - 1], ""); break;
@@ -272,7 +281,8 @@ int main(int argc, char **argv) {
     }
     if (stop_init(&rs.stop, o.stops, o.n_stops, &err)) goto fail;
     stop_ok = true;
-    gen_params gp = {.model_path = o.model, .tp = o.tp, .n_threads = o.threads, .max_seqs = 1};
+    gen_params gp = {.model_path = o.model, .tp = o.tp, .n_threads = o.threads, .max_seqs = 1,
+                    .kv_type = o.kv_type};
     if (!(g = gen_open(&gp, &err))) goto fail;
 
     rs.ts = tok_stream_new(vocab, false);

@@ -248,6 +248,7 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
     if (get_bool(o, "stream", &r->stream, e)) return -1;
     if (get_bool(o, "return_token_ids", &r->return_token_ids, e)) return -1;
     if (get_bool(o, "echo", &r->echo, e)) return -1;
+    if (get_bool(o, "ignore_eos", &r->ignore_eos, e)) return -1;
     json_t *so = field(o, "stream_options");
     if (so) {
         if (!json_is_object(so)) return bad(e, "stream_options", "'stream_options' must be an object");

@@ -54,6 +54,7 @@ typedef struct compl_request {
     int logprobs;           /* -1 = none, else 0..COMPL_MAX_LOGPROBS alternatives */
     double presence_penalty;  /* [-2, 2] */
     double frequency_penalty; /* [-2, 2] */
+    bool ignore_eos;        /* vendor field (vLLM's): generate past EOS up to max_tokens */
     char *user;
 } compl_request;
 

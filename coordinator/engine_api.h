@@ -53,6 +53,10 @@ typedef struct coord_engine_ops {
     void (*cancel)(void *impl, uint64_t id);
     /* 0 when a placement serves; -1 + err otherwise (GET /health answers 503). */
     int (*health)(void *impl, st_err *err);
+    /* Optional (NULL: GET /v1/stages answers 404): the engine's state as a
+     * malloc'd JSON object (per-stage counters, KV blocks; see
+     * coordinator/cluster.h), or NULL on out of memory. */
+    char *(*stages_json)(void *impl);
 } coord_engine_ops;
 
 typedef struct coord_engine {

@@ -318,6 +318,19 @@ static void handle_health(http_api *api, struct evhttp_request *req) {
     reply_json(req, 200, "{\"status\":\"ok\"}");
 }
 
+static void handle_stages(http_api *api, struct evhttp_request *req) {
+    if (!api->engine->ops->stages_json) {
+        reply_simple_error(req, 404, "invalid_request_error", NULL, "this engine has no stages");
+        return;
+    }
+    char *s = api->engine->ops->stages_json(api->engine->impl);
+    if (s)
+        reply_json(req, 200, s);
+    else
+        reply_simple_error(req, 500, "server_error", NULL, "out of memory");
+    free(s);
+}
+
 static void handle_models(http_api *api, struct evhttp_request *req) {
     json_t *root = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id",
                              api->model_name, "object", "model", "created", (json_int_t)0,
@@ -358,6 +371,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
         {"/v1/completions", EVHTTP_REQ_POST, handle_completions},
         {"/health", EVHTTP_REQ_GET, handle_health},
         {"/v1/models", EVHTTP_REQ_GET, handle_models},
+        {"/v1/stages", EVHTTP_REQ_GET, handle_stages},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) != 0) continue;

@@ -7,6 +7,8 @@
  *                          "data: {chunk}\n\n" ... "data: [DONE]\n\n"
  *   GET  /v1/models        {"object":"list","data":[{"id":model,...}]}
  *   GET  /health           200 {"status":"ok"} when the engine serves, else 503
+ *   GET  /v1/stages        the engine's per-stage counters and KV block counts
+ *                          (engine_api.h stages_json; 404 when it has none)
  * Errors are OpenAI-shaped ({"error":{message,type,param,code}}): 400 invalid
  * body or parameter, 404 unknown route or model, 405 wrong method, 413 body
  * over max_body_bytes (evhttp's own reply, see docs), 429 queue full, 503 no

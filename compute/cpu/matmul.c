@@ -175,7 +175,7 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     pthread_once(&mm_once, mm_init);
     if (!ggml_type_supported(wtype))
         return st_errf(err, "matmul: unsupported weight type %s (%u)", ggml_type_name(wtype), wtype);
-    if (T < 0 || K <= 0 || N < 0 || K > INT32_MAX || N > INT32_MAX)
+    if (T < 0 || K <= 0 || N < 0 || T > INT32_MAX || K > INT32_MAX || N > INT32_MAX)
         return st_errf(err, "matmul: bad shape T=%lld K=%lld N=%lld", (long long)T, (long long)K, (long long)N);
     size_t rb = ggml_row_bytes(wtype, K);
     if (rb == 0)

@@ -8,12 +8,17 @@
  *
  * With the F16 KV cache (llama.cpp's own default, which the reference used):
  * the same 640 tokens, the same top-3 ids for the first 4 steps, and their
- * logprobs within LP_TOL. Measured: max |error| 2.1e-3, mean 1.8e-4 over the
- * 120 values (1e-3 is exceeded by 5 of them). The residue is rounding-order
- * noise (ggml's SIMD reduction order) amplified by the f16 roundings of q,
- * K, V and the softmax weights; with an f32 cache the logprobs differ by up
- * to 1.1e-2 (llama.cpp's f16 cache is the larger effect). */
-#define LP_TOL 2.5e-3
+ * logprobs close to the reference:
+ *  - each prompt alone at TP 1, as llama-server ran them: within LP_TOL_ALONE.
+ *    Measured max |error| 1.3e-3 (2 of 120 values above 1e-3, mean ~1e-4).
+ *  - all 10 prompts in one batch at TP 1 and 4: within LP_TOL_BATCH. Batching
+ *    changes the matmul path (GEMM instead of matvec) and so the f32
+ *    summation order; the f16 roundings of q, K, V and the softmax weights
+ *    amplify that 1e-7 noise to ~1e-3 (measured max 2.1e-3).
+ * With an f32 cache the logprobs differ by up to 1.1e-2: llama.cpp's f16
+ * cache is the larger effect, which is why the reference needs it. */
+#define LP_TOL_ALONE 1.5e-3
+#define LP_TOL_BATCH 2.5e-3
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -23,7 +28,7 @@
 #include "tests/testutil.h"
 
 static void check_results(const char *label, ref_case *cs, const int *idx, int n,
-                          gen_result *res, bool check_top) {
+                          gen_result *res, bool check_top, double lp_tol) {
     for (int i = 0; i < n; i++) {
         ref_case *c = &cs[idx[i]];
         gen_result *r = &res[i];
@@ -44,14 +49,14 @@ static void check_results(const char *label, ref_case *cs, const int *idx, int n
                 CHECK_MSG(r->top_ids[s * 3 + k] == c->top_ids[s][k],
                           "%s case %d step %d top %d: id %d, expected %d", label, idx[i], s, k,
                           r->top_ids[s * 3 + k], c->top_ids[s][k]);
-                CHECK_NEAR(r->top_logprobs[s * 3 + k], c->top_lp[s][k], LP_TOL);
+                CHECK_NEAR(r->top_logprobs[s * 3 + k], c->top_lp[s][k], lp_tol);
             }
         }
     }
 }
 
 static void run(const char *label, gen_engine *g, ref_case *cs, const int *idx, int n,
-                bool ignore_eos, bool check_top) {
+                bool ignore_eos, bool check_top, double lp_tol) {
     gen_request *reqs = calloc((size_t)n, sizeof *reqs);
     gen_result *res = calloc((size_t)n, sizeof *res);
     REQUIRE(reqs && res);
@@ -69,7 +74,7 @@ static void run(const char *label, gen_engine *g, ref_case *cs, const int *idx, 
     int rc = gen_run(g, reqs, n, res, &tm, NULL, NULL, &err);
     CHECK_MSG(rc == 0, "%s: %s", label, err.msg);
     if (rc == 0) {
-        check_results(label, cs, idx, n, res, check_top);
+        check_results(label, cs, idx, n, res, check_top, lp_tol);
         fprintf(stderr, "%s: %d seqs, prefill %.0f tok/s, decode %.0f tok/s\n", label, n,
                 tm.prefill_tok_s, tm.decode_tok_s);
     }
@@ -107,22 +112,26 @@ int main(void) {
         int tp = tps[t];
         gen_engine *g = open_tp(tp, tp == 2 ? 16 : 0, GGML_TYPE_F32);
         snprintf(label, sizeof label, "tp %d, 10 prompts in one batch", tp);
-        run(label, g, cs, all, 10, false, false);
+        run(label, g, cs, all, 10, false, false, 0);
         if (tp == 1) {
             for (int i = 0; i < 10; i++) {
                 snprintf(label, sizeof label, "tp 1, prompt %d alone", i);
-                run(label, g, cs, &all[i], 1, false, false);
+                run(label, g, cs, &all[i], 1, false, false, 0);
             }
         }
         if (tp == 1 || tp == 8) {
             snprintf(label, sizeof label, "tp %d, long", tp);
-            run(label, g, lg, &zero, 1, true, false);
+            run(label, g, lg, &zero, 1, true, false, 0);
         }
         gen_close(g);
         if (tp == 1 || tp == 4) {
             g = open_tp(tp, 0, GGML_TYPE_F16);
             snprintf(label, sizeof label, "tp %d, f16 KV, 10 prompts, top-3 logprobs", tp);
-            run(label, g, cs, all, 10, false, true);
+            run(label, g, cs, all, 10, false, true, LP_TOL_BATCH);
+            for (int i = 0; tp == 1 && i < 10; i++) {
+                snprintf(label, sizeof label, "tp 1, f16 KV, prompt %d alone, top-3 logprobs", i);
+                run(label, g, cs, &all[i], 1, false, true, LP_TOL_ALONE);
+            }
             gen_close(g);
         }
     }

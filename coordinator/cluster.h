@@ -1,0 +1,83 @@
+/* cluster.h — the coordinator's serving engine (coordinator/engine_api.h)
+ * over real worker processes: it drives the stages (strata-worker, daemon/)
+ * over the UCX data plane (ib/transport.h) with the scheduler (sched.h).
+ *
+ * Start-up: one xport on the caller's event loop; for each stage it connects
+ * to the worker's data-plane address (retrying every 0.25 s while refused),
+ * sends CONTROL StageAssign (proto/stage.proto: epoch 1, the stage's layer
+ * range, TP degree, kv_blocks, act dtype, next hop = the next stage's
+ * address; the last stage answers to this coordinator) and waits for every
+ * StageReady. A StageReady with ok = false, or no StageReady from every stage
+ * within ready_timeout_s, is fatal: on_fatal is called once with a message
+ * naming the stage and its address (strata-coordinator then exits 1). When
+ * all are ready, the KV capacity is the minimum of the stages' kv_blocks and
+ * the scheduler starts.
+ *
+ * Serving: submit() tokenizes the prompt (BOS as the vocabulary says),
+ * checks the context and queues it in the scheduler. A pump (a deferred loop
+ * event after every change) launches micro-batches while fewer than
+ * max_inflight (default n_stages) are out, as ACTIVATIONS frames of token ids
+ * to stage 0. The last stage's TOKENS frame (sampled id + logprobs per
+ * sequence; a CONTROL BatchDone when none sampled) goes through
+ * sched_on_tokens; each token's piece (tok_piece: raw bytes, the HTTP layer
+ * reassembles UTF-8 and matches stop strings, completions.h) goes to the
+ * sink. A sequence ends on an end-of-generation token (unless the request
+ * has ignore_eos), at max_tokens or at the context (finish LENGTH), or with
+ * ERROR when its batch failed at a stage (CONTROL BatchError) or a stage was
+ * lost (then /health answers 503 and new requests 503 until restart; the
+ * recovery of a placement is the control plane's business).
+ *
+ * Sampling: temperature, top_p, top_k, min_p, seed (a per-request seed from
+ * a counter when the request has none), presence and frequency penalties
+ * (OpenAI semantics: over the generated tokens, which then travel as the
+ * SeqRecord's history) and the logprobs count map to SeqRecord.sampling.
+ *
+ * stages_json (GET /v1/stages): the coordinator polls every stage with a
+ * StatsRequest every 100 ms and answers from the latest StageStats:
+ *   {"ready":bool,"epoch":1,"kv_block_size":n,"kv_blocks_total":n,
+ *    "kv_blocks_free":n,"requests_waiting":n,"requests_running":n,
+ *    "batches_in_flight":n,"batches_launched":n,"tokens_launched":n,
+ *    "stages":[{"stage":i,"address":"h:p","first_layer":a,"last_layer":b,
+ *               "tp":t,"ready":bool,"busy_seconds":s,"uptime_seconds":s,
+ *               "forwards":n,"tokens":n,"busy_fraction":f,"queue_depth":n}]}
+ * busy_seconds / uptime_seconds are the worker's cumulative counters;
+ * busy_fraction = delta(busy_seconds) / delta(uptime_seconds) since the
+ * previous GET /v1/stages (since the worker started on the first).
+ *
+ * Threading: everything on the loop thread of `base`.
+ */
+#ifndef STRATA_COORDINATOR_CLUSTER_H
+#define STRATA_COORDINATOR_CLUSTER_H
+
+#include "common/err.h"
+#include "coordinator/cluster_config.h"
+#include "coordinator/engine_api.h"
+#include "coordinator/partition.h"
+#include "model/tokenizer.h"
+
+struct event_base;
+typedef struct cluster cluster;
+
+typedef struct cluster_opts {
+    const coord_config *cfg;   /* stages, model path, KV geometry, limits (must outlive) */
+    const place_range *ranges; /* cfg->n_stages layer ranges (copied) */
+    int n_ctx;                 /* max tokens per sequence (prompt + generated) */
+    const tok_vocab *vocab;    /* the model's vocabulary (must outlive) */
+    double ready_timeout_s;    /* every stage ready within this; <= 0: 60 s */
+    /* Called once (from the loop) when start-up fails; may be NULL. */
+    void (*on_fatal)(void *ud, const char *message);
+    /* Called once when every stage is ready; may be NULL. */
+    void (*on_ready)(void *ud);
+    void *ud;
+} cluster_opts;
+
+/* Creates the transport and starts connecting. NULL + err when the
+ * transport cannot be created or an address cannot be parsed. */
+cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *err);
+/* Cancels everything (no callbacks), closes the peers and frees. After the
+ * loop returned. */
+void cluster_destroy(cluster *c);
+/* The engine interface (impl = c). */
+coord_engine cluster_engine(cluster *c);
+
+#endif
