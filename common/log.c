@@ -1,4 +1,4 @@
-/* log.c — leveled stderr logging (see log.h). */
+/* log.c — leveled logging to stderr or journald (see log.h). */
 #include "common/log.h"
 
 #include <stdarg.h>
@@ -6,10 +6,23 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#ifdef STRATA_HAVE_SYSTEMD
+#include <systemd/sd-journal.h>
+#endif
+
+/* Process-wide logging settings: set at start-up, read by every thread. */
 static int g_level = -1;
 static char g_tag[64] = "strata";
+static char g_node[64] = "";
+static int g_stage = -1;
+static int g_sink = ST_LOG_SINK_AUTO;
+static int g_journal = -1; /* resolved sink: 1 journal, 0 stderr, -1 not yet */
+
+#define MSG_MAX 2048
+#define REQ_MAX 64
 
 static int level_from_env(void) {
     const char *s = getenv("STRATA_LOG");
@@ -27,24 +40,141 @@ enum st_log_level st_log_get_level(void) {
     return (enum st_log_level)g_level;
 }
 
-void st_log_set_tag(const char *tag) { snprintf(g_tag, sizeof g_tag, "%s", tag); }
+bool st_log_enabled(enum st_log_level level) { return (int)level <= (int)st_log_get_level(); }
 
-void st_log(enum st_log_level level, const char *fmt, ...) {
-    if ((int)level > (int)st_log_get_level()) return;
+void st_log_set_tag(const char *tag) { snprintf(g_tag, sizeof g_tag, "%s", tag ? tag : "strata"); }
+
+void st_log_set_node(const char *node) { snprintf(g_node, sizeof g_node, "%s", node ? node : ""); }
+
+void st_log_set_stage(int stage) { g_stage = stage < 0 ? -1 : stage; }
+
+void st_log_set_sink(enum st_log_sink sink) {
+    g_sink = (int)sink;
+    g_journal = -1;
+}
+
+bool st_log_journal_stream_matches(const char *journal_stream, int fd) {
+    if (!journal_stream) return false;
+    char *end;
+    unsigned long long dev = strtoull(journal_stream, &end, 10);
+    if (end == journal_stream || *end != ':') return false;
+    const char *p = end + 1;
+    unsigned long long ino = strtoull(p, &end, 10);
+    if (end == p || *end != '\0') return false;
+    struct stat st;
+    if (fstat(fd, &st) != 0) return false;
+    return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+bool st_log_journal_active(void) {
+    if (g_journal >= 0) return g_journal == 1;
+    bool want;
+    if (g_sink == ST_LOG_SINK_JOURNAL) want = true;
+    else if (g_sink == ST_LOG_SINK_STDERR) want = false;
+    else {
+        const char *force = getenv("STRATA_LOG_JOURNAL");
+        if (force && *force) want = strcmp(force, "0") != 0;
+        else want = st_log_journal_stream_matches(getenv("JOURNAL_STREAM"), STDERR_FILENO);
+    }
+#ifndef STRATA_HAVE_SYSTEMD
+    want = false;
+#endif
+    g_journal = want ? 1 : 0;
+    return want;
+}
+
+size_t st_log_format_line(char *buf, size_t size, const struct timespec *ts,
+                          enum st_log_level level, const char *tag, const char *request_id,
+                          const char *msg) {
     static const char letters[] = "EWID";
-    char line[2048];
+    if (size < 2) {
+        if (size) buf[0] = '\0';
+        return 0;
+    }
+    struct tm tm;
+    gmtime_r(&ts->tv_sec, &tm);
+    char letter = (unsigned)level < 4 ? letters[level] : '?';
+    int n;
+    if (request_id && *request_id)
+        n = snprintf(buf, size - 1, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %c [%s] req=%.*s %s",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts->tv_nsec / 1000000, letter, tag, REQ_MAX, request_id, msg);
+    else
+        n = snprintf(buf, size - 1, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %c [%s] %s",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts->tv_nsec / 1000000, letter, tag, msg);
+    if (n < 0) n = 0;
+    if ((size_t)n > size - 2) n = (int)(size - 2);
+    buf[n++] = '\n';
+    buf[n] = '\0';
+    return (size_t)n;
+}
+
+/* Appends "KEY=value" to f (cut to the space left in f->buf). */
+static void add_field(st_log_fields *f, size_t *used, const char *key, const char *value) {
+    if (f->n == ST_LOG_MAX_FIELDS || *used >= sizeof f->buf) return;
+    size_t room = sizeof f->buf - *used;
+    int n = snprintf(f->buf + *used, room, "%s=%s", key, value);
+    if (n < 0) return;
+    size_t len = (size_t)n < room ? (size_t)n : room - 1;
+    f->iov[f->n].iov_base = f->buf + *used;
+    f->iov[f->n].iov_len = len;
+    f->n++;
+    *used += len + 1;
+}
+
+void st_log_journal_fields(st_log_fields *f, enum st_log_level level, const char *request_id,
+                           const char *msg) {
+    static const char *prio[] = {"3", "4", "6", "7"}; /* syslog err, warning, info, debug */
+    f->n = 0;
+    size_t used = 0;
+    char stage[16];
+    /* The short fields first, so a huge message cannot crowd them out. */
+    add_field(f, &used, "PRIORITY", (unsigned)level < 4 ? prio[level] : "6");
+    add_field(f, &used, "SYSLOG_IDENTIFIER", g_tag);
+    if (g_node[0]) add_field(f, &used, "STRATA_NODE", g_node);
+    if (g_stage >= 0) {
+        snprintf(stage, sizeof stage, "%d", g_stage);
+        add_field(f, &used, "STRATA_STAGE", stage);
+    }
+    if (request_id && *request_id) {
+        char rid[REQ_MAX + 1];
+        snprintf(rid, sizeof rid, "%s", request_id);
+        add_field(f, &used, "STRATA_REQUEST_ID", rid);
+    }
+    add_field(f, &used, "MESSAGE", msg);
+}
+
+static void log_v(enum st_log_level level, const char *request_id, const char *fmt, va_list ap) {
+    char msg[MSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+#ifdef STRATA_HAVE_SYSTEMD
+    if (st_log_journal_active()) {
+        st_log_fields f;
+        st_log_journal_fields(&f, level, request_id, msg);
+        if (sd_journal_sendv(f.iov, (int)f.n) >= 0) return;
+        /* no journald (socket missing): fall through to stderr */
+    }
+#endif
+    char line[MSG_MAX + 160];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %c [%s] ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, letters[level], g_tag);
+    size_t n = st_log_format_line(line, sizeof line, &ts, level, g_tag, request_id, msg);
+    fwrite(line, 1, n, stderr);
+}
+
+void st_log(enum st_log_level level, const char *fmt, ...) {
+    if (!st_log_enabled(level)) return;
     va_list ap;
     va_start(ap, fmt);
-    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    log_v(level, NULL, fmt, ap);
     va_end(ap);
-    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
-    line[n++] = '\n';
-    fwrite(line, 1, (size_t)n, stderr);
+}
+
+void st_log_req(enum st_log_level level, const char *request_id, const char *fmt, ...) {
+    if (!st_log_enabled(level)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_v(level, request_id, fmt, ap);
+    va_end(ap);
 }

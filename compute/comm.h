@@ -76,9 +76,9 @@ comm_cpu_group *comm_cpu_group_new(int n_ranks, st_err *err);
 /* The handle of rank r (owned by the group; valid until the group is freed). */
 comm *comm_cpu_rank(comm_cpu_group *g, int rank);
 void comm_cpu_group_free(comm_cpu_group *g);
-/* Pause iterations a rank spins on the barrier before it sleeps (futex).
- * The default is 2000 when the ranks fit the CPUs; when they outnumber them
- * it is 0 (two sched_yield rounds, then sleep). Set before the ranks start. */
+/* Pause iterations a rank spins on the barrier before it yields (4 rounds of
+ * sched_yield) and then sleeps (futex). The default is 20 when the ranks fit
+ * the CPUs and 0 when they outnumber them. Set before the ranks start. */
 void comm_cpu_group_set_spin(comm_cpu_group *g, int spin_iters);
 
 #endif

@@ -1,12 +1,11 @@
 /* main.c — strata-coordinator: reads the cluster config, places the model's
- * layers on the stages, and serves the OpenAI-compatible HTTP API on one
- * libevent loop until SIGINT or SIGTERM.
+ * layers on the stages, connects to the workers and assigns them their stages
+ * (coordinator/cluster.h), and serves the OpenAI-compatible HTTP API on one
+ * libevent loop until SIGINT or SIGTERM. While the stages load, /health and
+ * completions answer 503; a stage that fails to load or is not ready within
+ * --ready-timeout seconds ends the process with exit status 1.
  *
- * Until the scheduler engine (sched.h driving the workers over ib/transport.h)
- * is plugged in, completions are answered 503 and /health reports that no
- * placement serves.
- *
- *   strata-coordinator --config FILE [--listen HOST:PORT]
+ *   strata-coordinator --config FILE [--listen HOST:PORT] [--ready-timeout S]
  */
 #include <event2/event.h>
 #include <getopt.h>
@@ -16,22 +15,28 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "coordinator/cluster.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/http_api.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/tokenizer.h"
 
-/* The engine while no placement serves: everything is 503. */
-static int idle_submit(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
-                       uint64_t *id_out, st_err *err) {
-    st_errf(err, "no placement is serving yet (the workers are not connected)");
-    return COORD_EUNAVAIL;
+/* Start-up failed (cluster.h): leave the loop with exit status 1. */
+struct run_state {
+    struct event_base *base;
+    int failed;
+};
+static void on_fatal(void *ud, const char *message) {
+    struct run_state *rs = ud;
+    fprintf(stderr, "strata-coordinator: %s\n", message);
+    rs->failed = 1;
+    event_base_loopbreak(rs->base);
 }
-static void idle_cancel(void *impl, uint64_t id) {}
-static int idle_health(void *impl, st_err *err) {
-    return st_errf(err, "no placement is serving yet (the workers are not connected)");
+static void on_ready(void *ud) {
+    printf("strata-coordinator: all stages ready\n");
+    fflush(stdout);
 }
-static const coord_engine_ops idle_ops = {idle_submit, idle_cancel, idle_health};
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
     ST_INFO("coordinator: signal %d, shutting down", (int)sig);
@@ -40,22 +45,35 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: strata-coordinator --config FILE [--listen HOST:PORT]\n"
+            "usage: strata-coordinator --config FILE [--listen HOST:PORT] [--ready-timeout S]\n"
             "  --config FILE       cluster config (INI; see docs/cluster-config.md)\n"
-            "  --listen HOST:PORT  HTTP API address (overrides [cluster] listen)\n");
+            "  --listen HOST:PORT  HTTP API address (overrides [cluster] listen)\n"
+            "  --ready-timeout S   seconds for every worker to be reachable and loaded (60)\n");
 }
 
 int main(int argc, char **argv) {
     const char *config_path = NULL, *listen = NULL;
+    double ready_timeout = 60.0;
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                           {"listen", required_argument, NULL, 'l'},
+                                          {"ready-timeout", required_argument, NULL, 't'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int o;
-    while ((o = getopt_long(argc, argv, "c:l:h", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "c:l:t:h", opts, NULL)) != -1) {
         switch (o) {
         case 'c': config_path = optarg; break;
         case 'l': listen = optarg; break;
+        case 't': {
+            char *end;
+            ready_timeout = strtod(optarg, &end);
+            if (*end || !(ready_timeout > 0)) {
+                fprintf(stderr, "strata-coordinator: --ready-timeout: not a positive number: %s\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -75,6 +93,9 @@ int main(int argc, char **argv) {
     struct event_base *base = NULL;
     struct event *sigint = NULL, *sigterm = NULL;
     http_api *api = NULL;
+    cluster *cl = NULL;
+    tok_vocab *vocab = NULL;
+    struct run_state rs = {0};
     if (listen && coord_parse_hostport(listen, cfg.http_host, sizeof cfg.http_host, &cfg.http_port,
                                        1, &err) != 0) {
         fprintf(stderr, "strata-coordinator: --listen: %s\n", err.msg);
@@ -88,6 +109,7 @@ int main(int argc, char **argv) {
     }
     llama_config mc;
     int mrc = llama_config_from_gguf(gf, &mc, &err);
+    if (mrc == 0 && !(vocab = tok_vocab_load(gf, &err))) mrc = -1;
     gguf_close(gf);
     if (mrc != 0) {
         fprintf(stderr, "strata-coordinator: %s: %s\n", cfg.model, err.msg);
@@ -112,7 +134,21 @@ int main(int argc, char **argv) {
         fprintf(stderr, "strata-coordinator: cannot create the event loop\n");
         goto out;
     }
-    coord_engine engine = {&idle_ops, NULL};
+    rs.base = base;
+    cluster_opts co = {.cfg = &cfg,
+                       .ranges = ranges,
+                       .n_ctx = n_ctx,
+                       .vocab = vocab,
+                       .ready_timeout_s = ready_timeout,
+                       .on_fatal = on_fatal,
+                       .on_ready = on_ready,
+                       .ud = &rs};
+    cl = cluster_create(base, &co, &err);
+    if (!cl) {
+        fprintf(stderr, "strata-coordinator: %s\n", err.msg);
+        goto out;
+    }
+    coord_engine engine = cluster_engine(cl);
     http_api_config hc = {cfg.http_host, cfg.http_port, cfg.max_body_bytes, cfg.model_name, n_ctx};
     api = http_api_create(base, &hc, &engine, &err);
     if (!api) {
@@ -129,9 +165,11 @@ int main(int argc, char **argv) {
         goto out;
     }
     event_base_dispatch(base);
-    rc = 0;
+    rc = rs.failed ? 1 : 0;
 out:
     http_api_destroy(api);
+    cluster_destroy(cl);
+    tok_vocab_free(vocab);
     if (sigint) event_free(sigint);
     if (sigterm) event_free(sigterm);
     if (base) event_base_free(base);

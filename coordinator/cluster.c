@@ -1,0 +1,805 @@
+/* cluster.c — the serving engine over worker processes: stage links
+ * (connect, StageAssign/StageReady, StatsRequest/StageStats), the pump that
+ * turns scheduler micro-batches into ACTIVATIONS frames, and the TOKENS path
+ * back to the HTTP sink. See cluster.h. */
+#include "coordinator/cluster.h"
+
+#include <event2/event.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "coordinator/sched.h"
+#include "ib/frame.h"
+#include "ib/transport.h"
+#include "proto/stage.pb-c.h"
+
+#define CLUSTER_EPOCH 1
+#define RETRY_S 0.25
+#define STATS_PERIOD_S 0.1
+
+typedef Strata__V1__Control ctl_msg;
+
+enum link_state { LINK_DOWN, LINK_ASSIGNED, LINK_READY, LINK_LOST };
+
+typedef struct stage_link {
+    cluster *c;
+    int index;
+    char host[COORD_HOST_MAX];
+    int port;
+    int tp;
+    place_range range;
+    xport_peer *peer;
+    enum link_state state;
+    int kv_blocks;
+    /* latest StageStats */
+    bool have_stats;
+    double busy_s, uptime_s;
+    uint64_t forwards, tokens;
+    uint32_t queue_depth;
+    /* snapshot at the previous stages_json */
+    double prev_busy_s, prev_uptime_s;
+} stage_link;
+
+/* One request (the scheduler's `user`). */
+typedef struct creq {
+    struct creq *prev, *next;
+    uint64_t id; /* the scheduler's sequence id */
+    const compl_request *req;
+    coord_sink sink;
+    void *ctx;
+    int32_t *prompt;
+    int n_prompt;
+    int32_t *gen; /* generated tokens (penalty history) */
+    int n_gen, cap_gen;
+    uint64_t seed;
+    bool prompt_sent;
+    bool in_cb;   /* a sink callback of this request is running */
+    bool dead;    /* cancelled from inside a callback: free after it returns */
+} creq;
+
+struct cluster {
+    struct event_base *base;
+    const coord_config *cfg;
+    const tok_vocab *vocab;
+    int n_ctx;
+    int n_stages;
+    double ready_timeout_s;
+    stage_link *links;
+    xport *x;
+    struct event *retry_ev, *deadline_ev, *pump_ev, *stats_ev;
+    void (*on_fatal)(void *, const char *);
+    void (*on_ready)(void *);
+    void *ud;
+    bool ready, failed, lost;
+    char lost_msg[ST_ERR_MSG_MAX];
+    kv_alloc *kv;
+    sched *s;
+    const sched_batch **inflight; /* launched batches (max_inflight slots, NULL = free) */
+    int max_inflight;
+    creq *reqs;
+    uint64_t stats_req_id;
+    uint64_t seed_counter;
+    char *piece_buf;
+    size_t piece_cap;
+};
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static void fatal(cluster *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fatal(cluster *c, const char *fmt, ...) {
+    if (c->failed) return;
+    c->failed = true;
+    char msg[ST_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ST_ERROR("cluster: %s", msg);
+    if (c->on_fatal) c->on_fatal(c->ud, msg);
+}
+
+static void pump_soon(cluster *c) {
+    if (c->pump_ev && c->ready && !c->lost) event_active(c->pump_ev, 0, 0);
+}
+
+static int send_control(cluster *c, stage_link *l, const ctl_msg *m) {
+    size_t n = strata__v1__control__get_packed_size(m);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) return -1;
+    strata__v1__control__pack(m, buf);
+    frame_header h = STRATA__V1__FRAME_HEADER__INIT;
+    h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
+    h.epoch = CLUSTER_EPOCH;
+    h.stage = (uint32_t)l->index;
+    h.control.data = buf;
+    h.control.len = n;
+    st_err err = {{0}};
+    int rc = l->peer ? xport_send(l->peer, &h, NULL, 0, NULL, NULL, NULL, &err) : -1;
+    free(buf);
+    if (rc) ST_WARN("cluster: CONTROL to stage %d (%s:%d) failed: %s", l->index, l->host, l->port,
+                    err.msg[0] ? err.msg : "not connected");
+    return rc;
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+static void creq_free(creq *r) {
+    if (!r) return;
+    free(r->prompt);
+    free(r->gen);
+    free(r);
+}
+
+static void creq_unlink(cluster *c, creq *r) {
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (c->reqs == r)
+        c->reqs = r->next;
+    if (r->next) r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+}
+
+static creq *creq_find(cluster *c, uint64_t id) {
+    for (creq *r = c->reqs; r; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+/* Ends a request: unlinked, on_finish, freed. The scheduler must already be
+ * done with it (finished, or cancelled by the caller). */
+static void creq_finish(cluster *c, creq *r, enum coord_finish why, const char *msg) {
+    creq_unlink(c, r);
+    r->in_cb = true;
+    r->sink.on_finish(r->ctx, why, msg);
+    creq_free(r);
+}
+
+/* Every live request fails (a stage was lost). */
+static void fail_all(cluster *c, const char *msg) {
+    while (c->reqs) {
+        creq *r = c->reqs;
+        if (c->s) sched_cancel(c->s, r->id);
+        creq_finish(c, r, COORD_FINISH_ERROR, msg);
+    }
+}
+
+/* ---- the data path: micro-batches out, tokens back ----------------------- */
+
+static bool penalties_on(const compl_request *q) {
+    return q->presence_penalty != 0.0 || q->frequency_penalty != 0.0;
+}
+
+static void pump(evutil_socket_t fd, short what, void *arg) {
+    cluster *c = arg;
+    if (!c->ready || c->lost || !c->s) return;
+    stage_link *first = &c->links[0];
+    const sched_batch *b;
+    while ((b = sched_next_microbatch(c->s)) != NULL) {
+        frame_seq *seqs = calloc((size_t)b->n_seqs, sizeof *seqs);
+        frame_seq **seqp = calloc((size_t)b->n_seqs, sizeof *seqp);
+        frame_sampling *samp = calloc((size_t)b->n_seqs, sizeof *samp);
+        st_err err = {{0}};
+        int rc = -1;
+        if (seqs && seqp && samp) {
+            for (int i = 0; i < b->n_seqs; i++) {
+                const sched_slice *x = &b->seqs[i];
+                const creq *r = x->user;
+                const compl_request *q = r->req;
+                frame_seq *s = &seqs[i];
+                strata__v1__seq_record__init(s);
+                frame_sampling *p = &samp[i];
+                strata__v1__sampling_params__init(p);
+                p->temperature = (float)q->temperature;
+                p->top_k = q->top_k;
+                p->top_p = (float)q->top_p;
+                p->min_p = (float)q->min_p;
+                p->seed = r->seed;
+                p->repeat_penalty = 1.0f;
+                p->presence_penalty = (float)q->presence_penalty;
+                p->frequency_penalty = (float)q->frequency_penalty;
+                p->n_top_logprobs = q->logprobs > 0 ? q->logprobs : 0;
+                s->seq_id = x->seq_id;
+                s->pos = x->pos;
+                s->n_tokens = x->n_tokens;
+                s->block_table = (int32_t *)x->block_table;
+                s->n_block_table = (size_t)x->n_blocks;
+                s->sampling = p;
+                s->wants_logits = x->sample;
+                s->step = (uint64_t)r->n_gen;
+                if (x->sample && penalties_on(q) && r->n_gen > 0) {
+                    s->history = r->gen;
+                    s->n_history = (size_t)r->n_gen;
+                }
+                seqp[i] = s;
+            }
+            frame_header h = STRATA__V1__FRAME_HEADER__INIT;
+            h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS;
+            h.batch_id = b->id;
+            h.epoch = CLUSTER_EPOCH;
+            h.stage = 0;
+            h.seqs = seqp;
+            h.n_seqs = (size_t)b->n_seqs;
+            h.token_ids = (int32_t *)b->tokens;
+            h.n_token_ids = (size_t)b->n_tokens;
+            rc = first->peer ? xport_send(first->peer, &h, NULL, 0, NULL, NULL, NULL, &err) : -1;
+        } else {
+            st_errf(&err, "out of memory");
+        }
+        free(seqs);
+        free(seqp);
+        free(samp);
+        if (rc != 0) {
+            ST_WARN("cluster: sending batch %llu to stage 0 failed: %s",
+                    (unsigned long long)b->id, err.msg[0] ? err.msg : "stage 0 not connected");
+            sched_abort_batch(c->s, b->id, &err);
+            return; /* the link's on_disconnect (or a later change) decides what next */
+        }
+        for (int i = 0; i < c->max_inflight; i++)
+            if (!c->inflight[i]) {
+                c->inflight[i] = b;
+                break;
+            }
+    }
+}
+
+/* The piece of token id into c->piece_buf; its length. */
+static size_t piece_of(cluster *c, int32_t id) {
+    int n = tok_piece(c->vocab, id, c->piece_buf, c->piece_cap);
+    if (n < 0 || (size_t)n > c->piece_cap) return 0;
+    c->piece_buf[n] = '\0';
+    return (size_t)n;
+}
+
+/* A sampled token for request r (its event ev). */
+static void deliver(cluster *c, creq *r, const sched_event *ev, const frame_result *res) {
+    if (ev->finish == SCHED_FINISH_ERROR || ev->token < 0) {
+        creq_finish(c, r, COORD_FINISH_ERROR, "the last stage returned no token for the sequence");
+        return;
+    }
+    if (r->n_gen == r->cap_gen) {
+        int cap = r->cap_gen ? r->cap_gen * 2 : 64;
+        int32_t *g = realloc(r->gen, sizeof *g * (size_t)cap);
+        if (!g) {
+            if (ev->finish == SCHED_NOT_FINISHED) sched_cancel(c->s, r->id);
+            creq_finish(c, r, COORD_FINISH_ERROR, "out of memory");
+            return;
+        }
+        r->gen = g;
+        r->cap_gen = cap;
+    }
+    r->gen[r->n_gen++] = ev->token;
+    r->in_cb = true;
+    if (!r->prompt_sent) {
+        r->prompt_sent = true;
+        r->sink.on_prompt(r->ctx, r->prompt, r->n_prompt);
+        if (r->dead) goto dead;
+    }
+    if (tok_is_eog(c->vocab, ev->token) && !r->req->ignore_eos) {
+        if (ev->finish == SCHED_NOT_FINISHED) sched_cancel(c->s, r->id);
+        creq_finish(c, r, COORD_FINISH_STOP, NULL);
+        return;
+    }
+    size_t n = piece_of(c, ev->token);
+    if (r->req->logprobs >= 0) {
+        int nt = res && res->n_top < COMPL_MAX_LOGPROBS ? (int)res->n_top : COMPL_MAX_LOGPROBS;
+        if (!res) nt = 0;
+        char *pieces[COMPL_MAX_LOGPROBS] = {0};
+        const char *cpieces[COMPL_MAX_LOGPROBS];
+        float lps[COMPL_MAX_LOGPROBS];
+        for (int i = 0; i < nt; i++) {
+            int m = tok_piece(c->vocab, res->top[i]->token, NULL, 0);
+            pieces[i] = malloc(m > 0 ? (size_t)m + 1 : 1);
+            if (pieces[i]) {
+                if (m > 0) tok_piece(c->vocab, res->top[i]->token, pieces[i], (size_t)m);
+                pieces[i][m > 0 ? m : 0] = '\0';
+            }
+            cpieces[i] = pieces[i] ? pieces[i] : "";
+            lps[i] = res->top[i]->logprob;
+        }
+        compl_logprobs lp = {res ? res->logprob : 0.0f, nt, cpieces, lps};
+        r->sink.on_token(r->ctx, ev->token, c->piece_buf, n, &lp);
+        for (int i = 0; i < nt; i++) free(pieces[i]);
+    } else {
+        r->sink.on_token(r->ctx, ev->token, c->piece_buf, n, NULL);
+    }
+    if (r->dead) goto dead;
+    r->in_cb = false;
+    if (ev->finish == SCHED_FINISH_LENGTH || ev->finish == SCHED_FINISH_STOP)
+        creq_finish(c, r, ev->finish == SCHED_FINISH_STOP ? COORD_FINISH_STOP : COORD_FINISH_LENGTH,
+                    NULL);
+    return;
+dead:
+    /* cancel() ran inside the callback: the scheduler already dropped it. */
+    creq_free(r);
+}
+
+/* Results of batch_id: res[n_res] (TOKENS), none (BatchDone), or fail
+ * (BatchError: every sequence of the batch ends with ERROR). */
+static void on_batch_result(cluster *c, uint64_t batch_id, frame_result **res, size_t n_res,
+                            const char *fail) {
+    if (!c->s) return;
+    int slot = -1;
+    for (int i = 0; i < c->max_inflight; i++)
+        if (c->inflight[i] && c->inflight[i]->id == batch_id) slot = i;
+    if (slot < 0) {
+        ST_WARN("cluster: result for batch %llu, which is not in flight; dropped",
+                (unsigned long long)batch_id);
+        return;
+    }
+    const sched_batch *b = c->inflight[slot];
+    int n = b->n_seqs;
+    int32_t *sampled = malloc(sizeof *sampled * (size_t)n);
+    const frame_result **match = calloc((size_t)n, sizeof *match);
+    uint64_t *ids = malloc(sizeof *ids * (size_t)n);
+    if (!sampled || !match || !ids) {
+        free(sampled), free(match), free(ids);
+        ST_ERROR("cluster: out of memory for batch %llu", (unsigned long long)batch_id);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        sampled[i] = -1;
+        ids[i] = b->seqs[i].seq_id;
+        if (fail || !b->seqs[i].sample) continue;
+        for (size_t k = 0; k < n_res; k++)
+            if (res[k]->seq_id == b->seqs[i].seq_id) {
+                sampled[i] = res[k]->token;
+                match[i] = res[k];
+                break;
+            }
+        if (!match[i])
+            ST_WARN("cluster: batch %llu: no result for seq %llu", (unsigned long long)batch_id,
+                    (unsigned long long)b->seqs[i].seq_id);
+    }
+    const sched_event *ev = NULL;
+    int n_ev = 0;
+    st_err err = {{0}};
+    c->inflight[slot] = NULL;
+    if (sched_on_tokens(c->s, batch_id, sampled, n, &ev, &n_ev, &err) != 0) {
+        ST_ERROR("cluster: %s", err.msg);
+        n_ev = 0;
+    }
+    /* b is gone now; ids[] and match[] keep what is needed. */
+    for (int e = 0; e < n_ev; e++) {
+        creq *r = creq_find(c, ev[e].seq_id);
+        if (!r) continue;
+        const frame_result *fr = NULL;
+        for (int i = 0; i < n; i++)
+            if (ids[i] == ev[e].seq_id) fr = match[i];
+        deliver(c, r, &ev[e], fr);
+    }
+    if (fail) {
+        /* Non-sampling slices (prefill chunks) of a failed batch: end them too. */
+        for (int i = 0; i < n; i++) {
+            creq *r = creq_find(c, ids[i]);
+            if (!r) continue;
+            sched_cancel(c->s, r->id);
+            creq_finish(c, r, COORD_FINISH_ERROR, fail);
+        }
+    }
+    free(sampled);
+    free(match);
+    free(ids);
+    pump_soon(c);
+}
+
+/* ---- stage links ----------------------------------------------------------- */
+
+static void send_assign(cluster *c, stage_link *l) {
+    Strata__V1__StageAssign a = STRATA__V1__STAGE_ASSIGN__INIT;
+    char next[COORD_HOST_MAX + 16] = "";
+    if (l->index + 1 < c->n_stages) {
+        const stage_link *nx = &c->links[l->index + 1];
+        if (strchr(nx->host, ':'))
+            snprintf(next, sizeof next, "[%s]:%d", nx->host, nx->port);
+        else
+            snprintf(next, sizeof next, "%s:%d", nx->host, nx->port);
+    }
+    a.epoch = CLUSTER_EPOCH;
+    a.stage = (uint32_t)l->index;
+    a.n_stages = (uint32_t)c->n_stages;
+    a.model_path = c->cfg->model;
+    a.first_layer = l->range.first;
+    a.last_layer = l->range.last;
+    a.tp = l->tp;
+    a.kv_blocks = c->cfg->kv_blocks;
+    a.block_size = c->cfg->kv_block_size;
+    a.act_dtype = c->cfg->act_dtype == COORD_ACT_BF16 ? STRATA__V1__DTYPE__DTYPE_BF16
+                                                      : STRATA__V1__DTYPE__DTYPE_F32;
+    a.next_hop = next;
+    ctl_msg m = STRATA__V1__CONTROL__INIT;
+    m.msg_case = STRATA__V1__CONTROL__MSG_ASSIGN;
+    m.assign = &a;
+    ST_INFO("cluster: assigning stage %d (layers [%d, %d), TP %d) to %s:%d, next hop %s", l->index,
+            l->range.first, l->range.last, l->tp, l->host, l->port, next[0] ? next : "(coordinator)");
+    if (send_control(c, l, &m) == 0) l->state = LINK_ASSIGNED;
+}
+
+static void all_ready(cluster *c) {
+    int32_t blocks = c->cfg->kv_blocks;
+    for (int i = 0; i < c->n_stages; i++)
+        if (c->links[i].kv_blocks > 0 && c->links[i].kv_blocks < blocks) blocks = c->links[i].kv_blocks;
+    st_err err = {{0}};
+    c->kv = kv_alloc_new(blocks, c->cfg->kv_block_size, &err);
+    c->max_inflight = c->cfg->max_inflight > 0 ? c->cfg->max_inflight : c->n_stages;
+    sched_config sc = {.n_stages = c->n_stages,
+                       .max_inflight = c->max_inflight,
+                       .max_queue = c->cfg->max_queue,
+                       .max_seqs = c->cfg->max_seqs,
+                       .prefill_chunk = c->cfg->prefill_chunk,
+                       .max_batch_tokens = c->cfg->max_batch_tokens,
+                       .n_ctx = c->n_ctx,
+                       .eos_id = -1}; /* end of generation is decided here (tok_is_eog, ignore_eos) */
+    c->inflight = calloc((size_t)c->max_inflight, sizeof *c->inflight);
+    if (c->kv) c->s = sched_create(&sc, c->kv, &err);
+    if (!c->kv || !c->s || !c->inflight) {
+        fatal(c, "cannot start the scheduler: %s", err.msg[0] ? err.msg : "out of memory");
+        return;
+    }
+    c->ready = true;
+    if (c->deadline_ev) event_del(c->deadline_ev);
+    struct timeval tv = {0, (int)(STATS_PERIOD_S * 1e6)};
+    event_add(c->stats_ev, &tv);
+    ST_INFO("cluster: all %d stages ready (epoch %d); KV cache %d blocks of %d tokens", c->n_stages,
+            CLUSTER_EPOCH, (int)blocks, c->cfg->kv_block_size);
+    if (c->on_ready) c->on_ready(c->ud);
+}
+
+static void on_control(cluster *c, stage_link *l, const frame_header *h) {
+    ctl_msg *m = strata__v1__control__unpack(NULL, h->control.len, h->control.data);
+    if (!m) {
+        ST_WARN("cluster: undecodable CONTROL from stage %d (%s:%d); dropped", l->index, l->host,
+                l->port);
+        return;
+    }
+    switch (m->msg_case) {
+    case STRATA__V1__CONTROL__MSG_READY: {
+        const Strata__V1__StageReady *r = m->ready;
+        if (r->epoch != CLUSTER_EPOCH || r->stage != (uint32_t)l->index) {
+            ST_WARN("cluster: StageReady for epoch %llu stage %u from %s:%d; dropped",
+                    (unsigned long long)r->epoch, r->stage, l->host, l->port);
+            break;
+        }
+        if (!r->ok) {
+            fatal(c, "stage %d at %s:%d failed to load: %s", l->index, l->host, l->port,
+                  r->error && r->error[0] ? r->error : "(no reason given)");
+            break;
+        }
+        if (l->state == LINK_READY) break;
+        l->state = LINK_READY;
+        l->kv_blocks = r->kv_blocks;
+        ST_INFO("cluster: stage %d at %s:%d ready: %llu weight bytes, %d KV blocks, loaded in %.2f s",
+                l->index, l->host, l->port, (unsigned long long)r->weight_bytes, r->kv_blocks,
+                r->load_seconds);
+        int n_ready = 0;
+        for (int i = 0; i < c->n_stages; i++) n_ready += c->links[i].state == LINK_READY;
+        if (n_ready == c->n_stages && !c->ready && !c->failed) all_ready(c);
+        break;
+    }
+    case STRATA__V1__CONTROL__MSG_STATS: {
+        const Strata__V1__StageStats *s = m->stats;
+        if (!l->have_stats) {
+            l->prev_busy_s = 0;
+            l->prev_uptime_s = 0;
+        }
+        l->have_stats = true;
+        l->busy_s = s->busy_seconds;
+        l->uptime_s = s->uptime_seconds;
+        l->forwards = s->forwards;
+        l->tokens = s->tokens;
+        l->queue_depth = s->queue_depth;
+        break;
+    }
+    case STRATA__V1__CONTROL__MSG_BATCH_DONE:
+        if (l->index == c->n_stages - 1 && m->batch_done->epoch == CLUSTER_EPOCH)
+            on_batch_result(c, m->batch_done->batch_id, NULL, 0, NULL);
+        break;
+    case STRATA__V1__CONTROL__MSG_BATCH_ERROR: {
+        char msg[ST_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "stage %u failed the batch: %s", m->batch_error->stage,
+                 m->batch_error->error ? m->batch_error->error : "");
+        ST_WARN("cluster: batch %llu: %s", (unsigned long long)m->batch_error->batch_id, msg);
+        if (m->batch_error->epoch == CLUSTER_EPOCH)
+            on_batch_result(c, m->batch_error->batch_id, NULL, 0, msg);
+        break;
+    }
+    default:
+        ST_WARN("cluster: unexpected CONTROL message %d from stage %d; dropped", (int)m->msg_case,
+                l->index);
+    }
+    strata__v1__control__free_unpacked(m, NULL);
+}
+
+static void x_on_connect(xport_peer *peer, bool inbound, void *ud) {
+    cluster *c = ud;
+    stage_link *l = xport_peer_user(peer);
+    if (inbound || !l) {
+        ST_WARN("cluster: unexpected inbound peer %s; closing", xport_peer_name(peer));
+        xport_peer_close(peer);
+        return;
+    }
+    if (l->state == LINK_DOWN) send_assign(c, l);
+}
+
+static void x_on_disconnect(xport_peer *peer, const char *reason, void *ud) {
+    cluster *c = ud;
+    stage_link *l = xport_peer_user(peer);
+    if (!l || l->peer != peer) return;
+    l->peer = NULL;
+    if (c->ready && !c->lost) {
+        c->lost = true;
+        snprintf(c->lost_msg, sizeof c->lost_msg, "stage %d at %s:%d was lost (%s)", l->index,
+                 l->host, l->port, reason ? reason : "?");
+        ST_ERROR("cluster: %s; serving stops (restart the coordinator)", c->lost_msg);
+        l->state = LINK_LOST;
+        for (int i = 0; i < c->max_inflight; i++) {
+            if (!c->inflight[i]) continue;
+            st_err err = {{0}};
+            sched_abort_batch(c->s, c->inflight[i]->id, &err);
+            c->inflight[i] = NULL;
+        }
+        fail_all(c, c->lost_msg);
+        return;
+    }
+    if (c->failed || c->ready) return;
+    ST_DEBUG("cluster: stage %d at %s:%d not reachable yet (%s); retrying", l->index, l->host,
+             l->port, reason ? reason : "?");
+    l->state = LINK_DOWN;
+    struct timeval tv = {0, (int)(RETRY_S * 1e6)};
+    event_add(c->retry_ev, &tv);
+}
+
+static void x_on_frame(xport_peer *peer, const frame_header *h, const void *payload,
+                       size_t payload_bytes, void *ud) {
+    cluster *c = ud;
+    stage_link *l = xport_peer_user(peer);
+    if (!l) return;
+    switch (h->kind) {
+    case STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL: on_control(c, l, h); break;
+    case STRATA__V1__FRAME_KIND__FRAME_KIND_TOKENS:
+        if (l->index != c->n_stages - 1 || h->epoch != CLUSTER_EPOCH) {
+            ST_WARN("cluster: TOKENS from stage %d (epoch %llu); dropped", l->index,
+                    (unsigned long long)h->epoch);
+            break;
+        }
+        on_batch_result(c, h->batch_id, h->results, h->n_results, NULL);
+        break;
+    default:
+        ST_WARN("cluster: unexpected frame kind %d from stage %d; dropped", (int)h->kind, l->index);
+    }
+}
+
+static void connect_missing(evutil_socket_t fd, short what, void *arg) {
+    cluster *c = arg;
+    if (c->failed || c->ready) return;
+    for (int i = 0; i < c->n_stages; i++) {
+        stage_link *l = &c->links[i];
+        if (l->peer) continue;
+        st_err err = {{0}};
+        l->peer = xport_connect(c->x, l->host, l->port, &err);
+        if (!l->peer) {
+            ST_DEBUG("cluster: connect to %s:%d: %s", l->host, l->port, err.msg);
+            struct timeval tv = {0, (int)(RETRY_S * 1e6)};
+            event_add(c->retry_ev, &tv);
+            continue;
+        }
+        xport_peer_set_user(l->peer, l);
+    }
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg) {
+    cluster *c = arg;
+    if (c->ready || c->failed) return;
+    for (int i = 0; i < c->n_stages; i++) {
+        stage_link *l = &c->links[i];
+        if (l->state == LINK_READY) continue;
+        fatal(c, "stage %d at %s:%d is %s after %.0f s", i, l->host, l->port,
+              l->state == LINK_ASSIGNED ? "connected but not ready" : "unreachable",
+              c->ready_timeout_s);
+        return;
+    }
+}
+
+static void on_stats_timer(evutil_socket_t fd, short what, void *arg) {
+    cluster *c = arg;
+    if (!c->ready || c->lost) return;
+    for (int i = 0; i < c->n_stages; i++) {
+        Strata__V1__StatsRequest q = STRATA__V1__STATS_REQUEST__INIT;
+        q.request_id = ++c->stats_req_id;
+        ctl_msg m = STRATA__V1__CONTROL__INIT;
+        m.msg_case = STRATA__V1__CONTROL__MSG_STATS_REQUEST;
+        m.stats_request = &q;
+        send_control(c, &c->links[i], &m);
+    }
+    struct timeval tv = {0, (int)(STATS_PERIOD_S * 1e6)};
+    event_add(c->stats_ev, &tv);
+}
+
+/* ---- the engine interface ------------------------------------------------- */
+
+static int eng_submit(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
+                      uint64_t *id_out, st_err *err) {
+    cluster *c = impl;
+    if (c->lost) return st_errf(err, "%s", c->lost_msg), COORD_EUNAVAIL;
+    if (!c->ready) return st_errf(err, "the cluster is not ready (stages are loading)"), COORD_EUNAVAIL;
+    creq *r = calloc(1, sizeof *r);
+    if (!r) return st_errf(err, "out of memory"), COORD_EINTERNAL;
+    size_t n = 0;
+    if (tok_encode(c->vocab, req->prompt, req->prompt_len, true, false, &r->prompt, &n, err) != 0) {
+        creq_free(r);
+        return COORD_EINVAL;
+    }
+    r->n_prompt = (int)n;
+    if (n == 0) {
+        creq_free(r);
+        return st_errf(err, "the prompt has no tokens"), COORD_EINVAL;
+    }
+    if ((int64_t)n + req->max_tokens > c->n_ctx) {
+        st_errf(err,
+                "This model's maximum context length is %d tokens. However, you requested %lld "
+                "tokens (%zu in the prompt, %d for the completion).",
+                c->n_ctx, (long long)n + req->max_tokens, n, req->max_tokens);
+        creq_free(r);
+        return COORD_ECONTEXT;
+    }
+    r->req = req;
+    r->sink = *sink;
+    r->ctx = ctx;
+    r->seed = req->has_seed ? (uint64_t)req->seed
+                            : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + ++c->seed_counter;
+    int rc = sched_add(c->s, r->prompt, r->n_prompt, req->max_tokens, r, &r->id, err);
+    if (rc != 0) {
+        creq_free(r);
+        return rc == SCHED_EFULL ? COORD_EBUSY : COORD_EINVAL;
+    }
+    r->next = c->reqs;
+    if (c->reqs) c->reqs->prev = r;
+    c->reqs = r;
+    *id_out = r->id;
+    pump_soon(c);
+    return COORD_OK;
+}
+
+static void eng_cancel(void *impl, uint64_t id) {
+    cluster *c = impl;
+    creq *r = creq_find(c, id);
+    if (!r) return;
+    if (c->s) sched_cancel(c->s, id);
+    creq_unlink(c, r);
+    if (r->in_cb)
+        r->dead = true;
+    else
+        creq_free(r);
+    pump_soon(c);
+}
+
+static int eng_health(void *impl, st_err *err) {
+    cluster *c = impl;
+    if (c->lost) return st_errf(err, "%s", c->lost_msg);
+    if (c->failed) return st_errf(err, "the cluster failed to start");
+    if (!c->ready) {
+        int n = 0;
+        for (int i = 0; i < c->n_stages; i++) n += c->links[i].state == LINK_READY;
+        return st_errf(err, "%d of %d stages ready", n, c->n_stages);
+    }
+    return 0;
+}
+
+static char *eng_stages_json(void *impl) {
+    cluster *c = impl;
+    sched_stats st = {0};
+    if (c->s) sched_stats_get(c->s, &st);
+    json_t *stages = json_array();
+    for (int i = 0; i < c->n_stages; i++) {
+        stage_link *l = &c->links[i];
+        double du = l->uptime_s - l->prev_uptime_s, db = l->busy_s - l->prev_busy_s;
+        double frac = du > 0 ? db / du : 0.0;
+        char addr[COORD_HOST_MAX + 16];
+        snprintf(addr, sizeof addr, "%s:%d", l->host, l->port);
+        json_array_append_new(
+            stages, json_pack("{s:i,s:s,s:i,s:i,s:i,s:b,s:f,s:f,s:I,s:I,s:f,s:i}", "stage", i,
+                              "address", addr, "first_layer", l->range.first, "last_layer",
+                              l->range.last, "tp", l->tp, "ready", l->state == LINK_READY,
+                              "busy_seconds", l->busy_s, "uptime_seconds", l->uptime_s,
+                              "forwards", (json_int_t)l->forwards, "tokens",
+                              (json_int_t)l->tokens, "busy_fraction", frac, "queue_depth",
+                              (int)l->queue_depth));
+        l->prev_busy_s = l->busy_s;
+        l->prev_uptime_s = l->uptime_s;
+    }
+    json_t *root = json_pack(
+        "{s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:o}", "ready", c->ready && !c->lost, "epoch",
+        CLUSTER_EPOCH, "kv_block_size", c->cfg->kv_block_size, "kv_blocks_total", (int)st.n_blocks,
+        "kv_blocks_free", (int)st.blocks_free, "requests_waiting", st.n_waiting,
+        "requests_running", st.n_running, "batches_in_flight", st.n_inflight,
+        "batches_launched", (json_int_t)st.batches_launched, "tokens_launched",
+        (json_int_t)st.tokens_launched, "stages", stages);
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return s;
+}
+
+static const coord_engine_ops cluster_ops = {eng_submit, eng_cancel, eng_health, eng_stages_json};
+
+coord_engine cluster_engine(cluster *c) {
+    coord_engine e = {&cluster_ops, c};
+    return e;
+}
+
+/* ---- lifetime ------------------------------------------------------------- */
+
+cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *err) {
+    if (!base || !o || !o->cfg || !o->ranges || !o->vocab || o->cfg->n_stages < 1 || o->n_ctx < 2)
+        return (void)st_errf(err, "cluster: bad options"), NULL;
+    cluster *c = calloc(1, sizeof *c);
+    if (!c) return (void)st_errf(err, "cluster: out of memory"), NULL;
+    c->base = base;
+    c->cfg = o->cfg;
+    c->vocab = o->vocab;
+    c->n_ctx = o->n_ctx;
+    c->n_stages = o->cfg->n_stages;
+    c->on_fatal = o->on_fatal;
+    c->on_ready = o->on_ready;
+    c->ud = o->ud;
+    c->piece_cap = tok_max_piece_len(o->vocab) + 1;
+    c->piece_buf = malloc(c->piece_cap + 1);
+    c->links = calloc((size_t)c->n_stages, sizeof *c->links);
+    if (!c->piece_buf || !c->links) {
+        st_errf(err, "cluster: out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < c->n_stages; i++) {
+        stage_link *l = &c->links[i];
+        l->c = c;
+        l->index = i;
+        snprintf(l->host, sizeof l->host, "%s", o->cfg->stages[i].host);
+        l->port = o->cfg->stages[i].port;
+        l->tp = o->cfg->stages[i].tp;
+        l->range = o->ranges[i];
+    }
+    xport_callbacks cb = {x_on_connect, x_on_disconnect, x_on_frame, c};
+    c->x = xport_create(base, NULL, 0, &cb, err);
+    if (!c->x) goto fail;
+    c->retry_ev = evtimer_new(base, connect_missing, c);
+    c->deadline_ev = evtimer_new(base, on_deadline, c);
+    c->pump_ev = event_new(base, -1, 0, pump, c);
+    c->stats_ev = evtimer_new(base, on_stats_timer, c);
+    if (!c->retry_ev || !c->deadline_ev || !c->pump_ev || !c->stats_ev) {
+        st_errf(err, "cluster: cannot create events");
+        goto fail;
+    }
+    double t = o->ready_timeout_s > 0 ? o->ready_timeout_s : 60.0;
+    c->ready_timeout_s = t;
+    struct timeval dl = {(time_t)t, (int)((t - (double)(time_t)t) * 1e6)};
+    event_add(c->deadline_ev, &dl);
+    struct timeval now = {0, 0};
+    event_add(c->retry_ev, &now);
+    return c;
+fail:
+    cluster_destroy(c);
+    return NULL;
+}
+
+void cluster_destroy(cluster *c) {
+    if (!c) return;
+    while (c->reqs) {
+        creq *r = c->reqs;
+        creq_unlink(c, r);
+        creq_free(r);
+    }
+    if (c->x) xport_destroy(c->x);
+    if (c->retry_ev) event_free(c->retry_ev);
+    if (c->deadline_ev) event_free(c->deadline_ev);
+    if (c->pump_ev) event_free(c->pump_ev);
+    if (c->stats_ev) event_free(c->stats_ev);
+    sched_destroy(c->s);
+    kv_alloc_free(c->kv);
+    free(c->inflight);
+    free(c->links);
+    free(c->piece_buf);
+    free(c);
+}

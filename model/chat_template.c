@@ -1,0 +1,239 @@
+/* chat_template.c — chat template detection and rendering (see chat_template.h).
+ *
+ * Detection and the rendered strings follow llama.cpp's src/llama-chat.cpp
+ * (llm_chat_detect_template / llm_chat_apply_template) for the formats we
+ * keep: ChatML, the four Llama 2 variants and Llama 3.
+ */
+#include "model/chat_template.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+/* A growing byte buffer; on allocation failure `oom` is set and appends stop. */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} sbuf;
+
+static void sb_putn(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
+
+/* Appends s without leading/trailing whitespace (isspace, as llama.cpp's trim). */
+static void sb_put_trimmed(sbuf *b, const char *s) {
+    size_t start = 0, end = strlen(s);
+    while (start < end && isspace((unsigned char)s[start])) start++;
+    while (end > start && isspace((unsigned char)s[end - 1])) end--;
+    sb_putn(b, s + start, end - start);
+}
+
+static const struct {
+    const char *name;
+    enum chat_format fmt;
+} k_names[] = {
+    {"plain", CHAT_FORMAT_PLAIN},
+    {"chatml", CHAT_FORMAT_CHATML},
+    {"llama2", CHAT_FORMAT_LLAMA2},
+    {"llama2-sys", CHAT_FORMAT_LLAMA2_SYS},
+    {"llama2-sys-bos", CHAT_FORMAT_LLAMA2_SYS_BOS},
+    {"llama2-sys-strip", CHAT_FORMAT_LLAMA2_SYS_STRIP},
+    {"llama3", CHAT_FORMAT_LLAMA3},
+    {"unsupported", CHAT_FORMAT_UNSUPPORTED},
+};
+
+const char *chat_format_name(enum chat_format fmt) {
+    for (size_t i = 0; i < sizeof k_names / sizeof k_names[0]; i++)
+        if (k_names[i].fmt == fmt) return k_names[i].name;
+    return "unsupported";
+}
+
+int chat_format_from_name(const char *name, enum chat_format *out, st_err *err) {
+    if (name) {
+        for (size_t i = 0; i < sizeof k_names / sizeof k_names[0]; i++) {
+            if (k_names[i].fmt != CHAT_FORMAT_UNSUPPORTED && !strcmp(name, k_names[i].name)) {
+                *out = k_names[i].fmt;
+                return 0;
+            }
+        }
+    }
+    return st_errf(err,
+                   "unknown chat format '%s' (expected plain, chatml, llama2, llama2-sys, "
+                   "llama2-sys-bos, llama2-sys-strip or llama3)",
+                   name ? name : "(null)");
+}
+
+enum chat_format chat_detect(const char *tmpl) {
+    if (!tmpl || !*tmpl) return CHAT_FORMAT_PLAIN;
+    enum chat_format named;
+    if (chat_format_from_name(tmpl, &named, NULL) == 0) return named;
+#define HAS(s) (strstr(tmpl, (s)) != NULL)
+    if (HAS("<|im_start|>")) {
+        /* Phi-4 uses <|im_start|> with <|im_sep|> instead of a newline. */
+        return HAS("<|im_sep|>") ? CHAT_FORMAT_UNSUPPORTED : CHAT_FORMAT_CHATML;
+    }
+    if (!strncmp(tmpl, "mistral", 7) || HAS("[INST]")) {
+        /* Mistral v1/v3/v3-tekken/v7 also use [INST] but space it differently. */
+        if (HAS("[SYSTEM_PROMPT]") || HAS("' [INST] ' + system_message") || HAS("[AVAILABLE_TOOLS]"))
+            return CHAT_FORMAT_UNSUPPORTED;
+        if (HAS("content.strip()")) return CHAT_FORMAT_LLAMA2_SYS_STRIP;
+        if (HAS("bos_token + '[INST]")) return CHAT_FORMAT_LLAMA2_SYS_BOS;
+        if (HAS("<<SYS>>")) return CHAT_FORMAT_LLAMA2_SYS;
+        return CHAT_FORMAT_LLAMA2;
+    }
+    if (HAS("<|start_header_id|>") && HAS("<|end_header_id|>")) return CHAT_FORMAT_LLAMA3;
+#undef HAS
+    return CHAT_FORMAT_UNSUPPORTED;
+}
+
+enum chat_format chat_select(const char *tmpl) {
+    enum chat_format f = chat_detect(tmpl);
+    if (f != CHAT_FORMAT_UNSUPPORTED) return f;
+    ST_WARN("chat template not supported (starts \"%.60s\"); chat completions use the plain "
+            "\"User: ...\\nAssistant:\" format, which this model was not trained on",
+            tmpl);
+    return CHAT_FORMAT_PLAIN;
+}
+
+int chat_role_parse(const char *role, enum chat_role *out, st_err *err) {
+    if (!role) return st_errf(err, "message has no role");
+    if (!strcmp(role, "system")) *out = CHAT_ROLE_SYSTEM;
+    else if (!strcmp(role, "user")) *out = CHAT_ROLE_USER;
+    else if (!strcmp(role, "assistant")) *out = CHAT_ROLE_ASSISTANT;
+    else
+        return st_errf(err, "unknown role '%.64s' (expected system, user or assistant)", role);
+    return 0;
+}
+
+const char *chat_format_turn_end(enum chat_format fmt) {
+    switch (fmt) {
+    case CHAT_FORMAT_PLAIN: return "\nUser:";
+    case CHAT_FORMAT_CHATML: return "<|im_end|>";
+    case CHAT_FORMAT_LLAMA2:
+    case CHAT_FORMAT_LLAMA2_SYS:
+    case CHAT_FORMAT_LLAMA2_SYS_BOS:
+    case CHAT_FORMAT_LLAMA2_SYS_STRIP: return "</s>";
+    case CHAT_FORMAT_LLAMA3: return "<|eot_id|>";
+    default: return NULL;
+    }
+}
+
+static void render_plain(sbuf *b, const chat_message *m, const enum chat_role *r, size_t n,
+                         bool add_gen) {
+    static const char *labels[] = {"System: ", "User: ", "Assistant: "};
+    for (size_t i = 0; i < n; i++) {
+        sb_puts(b, labels[r[i]]);
+        sb_puts(b, m[i].content);
+        sb_puts(b, "\n");
+    }
+    if (add_gen) sb_puts(b, "Assistant:");
+}
+
+static void render_chatml(sbuf *b, const chat_message *m, size_t n, bool add_gen) {
+    for (size_t i = 0; i < n; i++) {
+        sb_puts(b, "<|im_start|>");
+        sb_puts(b, m[i].role);
+        sb_puts(b, "\n");
+        sb_puts(b, m[i].content);
+        sb_puts(b, "<|im_end|>\n");
+    }
+    if (add_gen) sb_puts(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(sbuf *b, const chat_message *m, size_t n, bool add_gen) {
+    for (size_t i = 0; i < n; i++) {
+        sb_puts(b, "<|start_header_id|>");
+        sb_puts(b, m[i].role);
+        sb_puts(b, "<|end_header_id|>\n\n");
+        sb_put_trimmed(b, m[i].content);
+        sb_puts(b, "<|eot_id|>");
+    }
+    if (add_gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* https://huggingface.co/blog/llama2#how-to-prompt-llama-2, as llama.cpp renders it. */
+static void render_llama2(sbuf *b, enum chat_format fmt, const chat_message *m,
+                          const enum chat_role *r, size_t n) {
+    bool sys_block = fmt != CHAT_FORMAT_LLAMA2;
+    bool bos_inside = fmt == CHAT_FORMAT_LLAMA2_SYS_BOS;
+    bool strip = fmt == CHAT_FORMAT_LLAMA2_SYS_STRIP;
+    bool inside_turn = true; /* the first "[INST] " is written up front (BOS is the tokenizer's) */
+    sb_puts(b, "[INST] ");
+    for (size_t i = 0; i < n; i++) {
+        if (!inside_turn) {
+            inside_turn = true;
+            sb_puts(b, bos_inside ? "<s>[INST] " : "[INST] ");
+        }
+        if (r[i] == CHAT_ROLE_SYSTEM && sys_block) sb_puts(b, "<<SYS>>\n");
+        if (strip) sb_put_trimmed(b, m[i].content);
+        else sb_puts(b, m[i].content);
+        switch (r[i]) {
+        case CHAT_ROLE_SYSTEM: sb_puts(b, sys_block ? "\n<</SYS>>\n\n" : "\n"); break;
+        case CHAT_ROLE_USER: sb_puts(b, " [/INST]"); break;
+        case CHAT_ROLE_ASSISTANT:
+            sb_puts(b, "</s>");
+            inside_turn = false;
+            break;
+        }
+    }
+}
+
+char *chat_apply(enum chat_format fmt, const chat_message *msgs, size_t n,
+                 bool add_generation_prompt, size_t *len_out, st_err *err) {
+    if (fmt < CHAT_FORMAT_PLAIN || fmt >= CHAT_FORMAT_UNSUPPORTED) {
+        st_errf(err, "chat format '%s' cannot be rendered", chat_format_name(fmt));
+        return NULL;
+    }
+    if (n == 0 || !msgs) {
+        st_errf(err, "messages must be a non-empty array");
+        return NULL;
+    }
+    enum chat_role *roles = malloc(n * sizeof *roles);
+    if (!roles) {
+        st_errf(err, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (chat_role_parse(msgs[i].role, &roles[i], err) != 0 ||
+            (!msgs[i].content && st_errf(err, "message has no content") < 0)) {
+            st_err_prefix(err, "messages[%zu]", i);
+            free(roles);
+            return NULL;
+        }
+    }
+    sbuf b = {0};
+    sb_puts(&b, ""); /* an empty rendering is still a valid string */
+    switch (fmt) {
+    case CHAT_FORMAT_PLAIN: render_plain(&b, msgs, roles, n, add_generation_prompt); break;
+    case CHAT_FORMAT_CHATML: render_chatml(&b, msgs, n, add_generation_prompt); break;
+    case CHAT_FORMAT_LLAMA3: render_llama3(&b, msgs, n, add_generation_prompt); break;
+    default: render_llama2(&b, fmt, msgs, roles, n); break;
+    }
+    free(roles);
+    if (b.oom) {
+        free(b.p);
+        st_errf(err, "out of memory");
+        return NULL;
+    }
+    if (len_out) *len_out = b.len;
+    return b.p;
+}

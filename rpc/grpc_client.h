@@ -1,0 +1,51 @@
+/* grpc_client.h — a small blocking gRPC client on gRPC's C core (libgrpc):
+ * unary and server-streaming calls over an insecure HTTP/2 channel, with
+ * deadlines. Used by stratactl (cli/) and by workers (Register, Heartbeat).
+ *
+ * Messages are bytes: encode and decode them with protobuf-c in the caller.
+ * Each call blocks the calling thread until the call is over (it plucks its
+ * own completion queue). One rpc_client may be used by several threads at
+ * once (the gRPC channel is thread-safe; every call has its own queue).
+ *
+ * Status: every call returns 0 when the server answered OK, -1 otherwise, and
+ * fills `st` (caller-owned, may be NULL) with the gRPC status code and message
+ * either way. A server that cannot be reached gives UNAVAILABLE at once (calls
+ * fail fast, they do not wait for the connection); a call still running at
+ * its deadline gives DEADLINE_EXCEEDED.
+ */
+#ifndef STRATA_RPC_GRPC_CLIENT_H
+#define STRATA_RPC_GRPC_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "rpc/rpc_code.h"
+
+typedef struct rpc_client rpc_client;
+
+/* A channel to target ("host:port", "127.0.0.1:7070", "[::1]:7070", or any
+ * gRPC target URI such as "dns:///coord:7070"). Connects lazily, on the first
+ * call. NULL with a message on a bad target. */
+rpc_client *rpc_client_create(const char *target, st_err *err);
+/* Closes the channel. NULL is a no-op. */
+void rpc_client_destroy(rpc_client *c);
+
+/* One unary call of `method` ("/strata.v1.Control/GetStatus") with the
+ * serialized request req[0..req_len). timeout_s > 0 sets the deadline
+ * (seconds from now); <= 0 means none. On OK, *reply (malloc'd, free() it;
+ * non-NULL even for an empty message) and *reply_len receive the reply. */
+int rpc_client_unary(rpc_client *c, const char *method, const void *req, size_t req_len,
+                     double timeout_s, uint8_t **reply, size_t *reply_len, rpc_status *st);
+
+/* Called for each streamed message, in order; msg is valid until it returns.
+ * Return 0 to go on, non-zero to cancel the call (the call then ends with
+ * CANCELLED). */
+typedef int (*rpc_stream_fn)(const uint8_t *msg, size_t len, void *ud);
+
+/* One server-streaming call: sends the request, then calls on_msg for every
+ * message until the server finishes; the final status goes to st. */
+int rpc_client_stream(rpc_client *c, const char *method, const void *req, size_t req_len,
+                      double timeout_s, rpc_stream_fn on_msg, void *ud, rpc_status *st);
+
+#endif
