@@ -1,0 +1,603 @@
+#!/usr/bin/python3
+"""cluster_test.py — issue 5's integration tests: a real strata-coordinator and
+real strata-worker processes, started and stopped by the test, driven over
+HTTP (stdlib only: subprocess, http.client, threading, json).
+
+  cluster_test.py MODE --coordinator BIN --worker BIN --shared DIR
+
+MODE
+  exact-pp2-tp2   PP 2 x TP 2 on loopback: the 10 prompts of
+                  stories260K-greedy.json sent concurrently (non-streaming and
+                  streaming), token ids == the reference
+  exact-pp5       PP 5 x TP 1 (one layer per stage), the same
+  exact-pp3-221   PP 3 with the explicit partition 2,2,1, the same
+  long            the 480-token reference (ignore_eos), PP 2 x TP 2
+  netns           PP 2 x TP 2, each worker in its own network namespace (veth
+                  pairs, 10.x addresses); the coordinator in the root one
+  microbatch      PP 2: busy fractions of both stages sum > 1 with 8
+                  concurrent sequences; aggregate decode tok/s with 8 >= 3x one
+  cancel          a streaming client disconnects mid-stream: the free KV block
+                  count returns to its starting value
+  bad-input       each bad request gets its 400; random bytes to a worker's
+                  data port leave it serving (the next completion is exact)
+
+UCX transports: UCX_TLS=tcp unless UCX_TLS is set (as the ib/ tests do).
+Every process is killed in a finally block; every wait is bounded.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+    return cond
+
+
+def free_port(host="127.0.0.1"):
+    s = socket.socket()
+    s.bind((host, 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Cluster:
+    """Workers + coordinator. stages: list of dicts {tp, host, netns}."""
+
+    def __init__(self, args, stages, partition=None, extra_cfg="", threads_per_rank=1,
+                 model=None):
+        self.args = args
+        self.stages = stages
+        self.partition = partition
+        self.extra_cfg = extra_cfg
+        self.threads_per_rank = threads_per_rank
+        self.model = model or os.path.join(args.shared, "models", "stories260K.gguf")
+        self.tmp = tempfile.mkdtemp(prefix="strata-cluster-")
+        self.procs = []
+        self.http_port = None
+
+    def start(self, timeout=60):
+        env = dict(os.environ)
+        env.setdefault("UCX_TLS", "tcp")
+        env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        self.env = env
+        cfg = ["[cluster]", "model = %s" % self.model, "kv_blocks = 512"]
+        if self.partition:
+            cfg.append("partition = %s" % self.partition)
+        cfg.append(self.extra_cfg)
+        self.worker_addrs = []
+        for i, st in enumerate(self.stages):
+            host = st.get("host", "127.0.0.1")
+            port = free_port("127.0.0.1")
+            self.worker_addrs.append((host, port))
+            cmd = [self.args.worker, "--listen", "%s:%d" % (host, port),
+                   "--threads", str(st["tp"] * self.threads_per_rank), "--name", "w%d" % i]
+            if st.get("netns"):
+                cmd = ["ip", "netns", "exec", st["netns"]] + cmd
+            log = open(os.path.join(self.tmp, "worker%d.log" % i), "w")
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.procs.append(("worker%d" % i, p))
+            cfg += ["[stage.%d]" % i, "address = %s:%d" % (host, port), "tp = %d" % st["tp"]]
+        path = os.path.join(self.tmp, "cluster.ini")
+        with open(path, "w") as f:
+            f.write("\n".join(cfg) + "\n")
+        self.http_port = free_port()
+        self.co_out = os.path.join(self.tmp, "coordinator.out")
+        self.co_log = os.path.join(self.tmp, "coordinator.log")
+        p = subprocess.Popen([self.args.coordinator, "--config", path, "--listen",
+                              "127.0.0.1:%d" % self.http_port, "--ready-timeout", str(timeout)],
+                             stdout=open(self.co_out, "w"), stderr=open(self.co_log, "w"), env=env)
+        self.procs.append(("coordinator", p))
+        self.coordinator = p
+        deadline = time.time() + timeout + 5
+        while time.time() < deadline:
+            if p.poll() is not None:
+                break
+            try:
+                st, _ = self.get("/health")
+                if st == 200:
+                    return True
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.dump_logs()
+        raise RuntimeError("the cluster did not become healthy")
+
+    def dump_logs(self):
+        for name in sorted(os.listdir(self.tmp)):
+            if name.endswith(".log") or name.endswith(".out"):
+                with open(os.path.join(self.tmp, name), errors="replace") as f:
+                    lines = f.readlines()
+                print("---- %s (last 30 lines)" % name)
+                sys.stdout.write("".join(lines[-30:]))
+
+    def stop(self):
+        """SIGTERM everything; returns {name: exit status} (None = had to be killed)."""
+        rcs = {}
+        for name, p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, p in reversed(self.procs):
+            try:
+                rcs[name] = p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                rcs[name] = None
+        self.procs = []
+        return rcs
+
+    def kill(self):
+        for _, p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+        self.procs = []
+
+    # ---- HTTP
+    def conn(self, timeout=120):
+        return http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
+
+    def get(self, path):
+        c = self.conn(10)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def stages_json(self):
+        st, body = self.get("/v1/stages")
+        assert st == 200, body
+        return json.loads(body)
+
+    def post_raw(self, body, ctype="application/json"):
+        c = self.conn()
+        try:
+            c.request("POST", "/v1/completions", body=body, headers={"Content-Type": ctype})
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def complete(self, req):
+        st, body = self.post_raw(json.dumps(req).encode())
+        return st, json.loads(body)
+
+    def stream(self, req, on_event=None):
+        """Streams; returns (status, list of chunk dicts, saw_done, timestamps)."""
+        req = dict(req, stream=True)
+        c = self.conn()
+        chunks, stamps, done = [], [], False
+        try:
+            c.request("POST", "/v1/completions", body=json.dumps(req).encode(),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            if r.status != 200:
+                return r.status, [json.loads(r.read())], False, []
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:]
+                if data == b"[DONE]":
+                    done = True
+                    break
+                chunks.append(json.loads(data))
+                stamps.append(time.time())
+                if on_event and on_event(chunks[-1]) is False:
+                    return r.status, chunks, done, stamps
+            return r.status, chunks, done, stamps
+        finally:
+            c.close()
+
+
+def load_ref(args, name):
+    with open(os.path.join(args.shared, "reference", name)) as f:
+        return json.load(f)
+
+
+def run_concurrent(fns):
+    out = [None] * len(fns)
+    errs = []
+
+    def run(i):
+        try:
+            out[i] = fns[i]()
+        except Exception as e:  # noqa: BLE001 - reported as a failure
+            errs.append("%d: %r" % (i, e))
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(300)
+    check(not errs, "no request raised (%s)" % "; ".join(errs))
+    return out
+
+
+def exact_checks(cl, refs, max_tokens=64, ignore_eos=False, label=""):
+    def req(r):
+        q = {"prompt": r["prompt"], "max_tokens": max_tokens, "temperature": 0,
+             "return_token_ids": True}
+        if ignore_eos:
+            q["ignore_eos"] = True
+        return q
+
+    t0 = time.time()
+    res = run_concurrent([lambda r=r: cl.complete(req(r)) for r in refs])
+    print("%s: %d concurrent completions in %.2f s" % (label, len(refs), time.time() - t0))
+    n_ok = 0
+    for r, got in zip(refs, res):
+        if got is None:
+            continue
+        st, body = got
+        ch = body.get("choices", [{}])[0] if st == 200 else {}
+        ok = st == 200 and ch.get("token_ids") == r["completion_tokens"][:max_tokens] \
+            and ch.get("prompt_token_ids") == r["prompt_tokens"] \
+            and ch.get("finish_reason") == "length"
+        if not ok:
+            print("  prompt %r: status %d, got %s" % (r["prompt"], st, json.dumps(body)[:600]))
+        n_ok += ok
+    check(n_ok == len(refs), "%s: %d/%d non-streaming completions equal the reference"
+          % (label, n_ok, len(refs)))
+    # Streaming: chunks concatenate to the same text and ids, end with [DONE].
+    res = run_concurrent([lambda r=r: cl.stream(req(r)) for r in refs])
+    n_ok = 0
+    for r, got in zip(refs, res):
+        if got is None:
+            continue
+        st, chunks, done, _ = got
+        ids, text = [], ""
+        finish = None
+        for c in chunks:
+            ch = c["choices"][0]
+            ids += ch.get("token_ids", [])
+            text += ch.get("text", "")
+            finish = ch.get("finish_reason") or finish
+        ok = st == 200 and done and ids == r["completion_tokens"][:max_tokens] \
+            and finish == "length"
+        if max_tokens == len(r["completion_tokens"]):
+            ok = ok and text == r["completion_text"]
+        if not ok:
+            print("  stream %r: status %d done %s finish %s ids %s text %r" %
+                  (r["prompt"], st, done, finish, ids[:8], text[:80]))
+        n_ok += ok
+    check(n_ok == len(refs), "%s: %d/%d streams concatenate to the reference and end with "
+          "[DONE]" % (label, n_ok, len(refs)))
+
+
+def finish(cl):
+    rcs = cl.stop()
+    print("exit statuses:", rcs)
+    check(rcs.get("coordinator") == 0, "the coordinator exits 0 on SIGTERM")
+    check(all(v == 0 for k, v in rcs.items() if k.startswith("worker")),
+          "every worker exits 0 on SIGTERM")
+
+
+# ---------------------------------------------------------------- modes
+
+def mode_exact(args, stages, partition=None, label=""):
+    refs = load_ref(args, "stories260K-greedy.json")
+    cl = Cluster(args, stages, partition)
+    try:
+        cl.start()
+        exact_checks(cl, refs, label=label)
+        finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def mode_long(args):
+    ref = load_ref(args, "stories260K-long.json")
+    cl = Cluster(args, [{"tp": 2}, {"tp": 2}])
+    try:
+        cl.start()
+        exact_checks(cl, [ref], max_tokens=ref["n_predict"], ignore_eos=True, label="long 480")
+        finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def sh(*cmd):
+    subprocess.run(list(cmd), check=True, timeout=30)
+
+
+def mode_netns(args):
+    refs = load_ref(args, "stories260K-greedy.json")
+    tag = "%x" % (os.getpid() & 0xffff)
+    nss, veths, stages = [], [], []
+    # Each worker: namespace stN-TAG, veth pair (host side in the root ns),
+    # a /30 in 10.201.<pid-derived>.<4i>; the workers reach each other through
+    # the root namespace (forwarding on), the coordinator directly.
+    sub = (os.getpid() % 200) + 20
+    cl = None
+    try:
+        with open("/proc/sys/net/ipv4/ip_forward") as f:
+            fwd_before = f.read().strip()
+        for i in range(2):
+            ns = "strata-st%d-%s" % (i, tag)
+            vh, vn = "sth%d%s" % (i, tag), "stn%d%s" % (i, tag)
+            host_ip, ns_ip = "10.201.%d.%d" % (sub, 4 * i + 1), "10.201.%d.%d" % (sub, 4 * i + 2)
+            sh("ip", "netns", "add", ns)
+            nss.append(ns)
+            sh("ip", "link", "add", vh, "type", "veth", "peer", "name", vn)
+            veths.append(vh)
+            sh("ip", "link", "set", vn, "netns", ns)
+            sh("ip", "addr", "add", host_ip + "/30", "dev", vh)
+            sh("ip", "link", "set", vh, "up")
+            sh("ip", "-n", ns, "addr", "add", ns_ip + "/30", "dev", vn)
+            sh("ip", "-n", ns, "link", "set", vn, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", ns, "route", "add", "default", "via", host_ip)
+            stages.append({"tp": 2, "host": ns_ip, "netns": ns})
+        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
+            f.write("1")
+        cl = Cluster(args, stages)
+        cl.start()
+        s = cl.stages_json()
+        check([x["address"].split(":")[0] for x in s["stages"]] == [st["host"] for st in stages],
+              "the stages are at their namespaces' addresses %s" % [x["address"] for x in s["stages"]])
+        exact_checks(cl, refs, label="netns PP2xTP2")
+        finish(cl)
+    finally:
+        if cl:
+            if FAILS:
+                cl.dump_logs()
+            cl.kill()
+        for ns in nss:
+            subprocess.run(["ip", "netns", "del", ns], timeout=30)
+        for v in veths:
+            subprocess.run(["ip", "link", "del", v], stderr=subprocess.DEVNULL, timeout=30)
+        try:
+            with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
+                f.write(fwd_before)
+        except (OSError, NameError):
+            pass
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        check(not any(ns in left for ns in nss), "the namespaces are removed")
+
+
+def decode_rate(results):
+    """Aggregate decode tok/s over streams: tokens after each stream's first
+    chunk, over the span from the earliest first token to the latest last."""
+    first = min(stamps[0] for _, chunks, _, stamps in results)
+    last = max(stamps[-1] for _, chunks, _, stamps in results)
+    n = 0
+    for _, chunks, _, _ in results:
+        ids = sum((c["choices"][0].get("token_ids", []) for c in chunks), [])
+        n += len(ids) - 1
+    return n / (last - first), n
+
+
+def mode_microbatch(args):
+    refs = load_ref(args, "stories260K-greedy.json")
+    cl = Cluster(args, [{"tp": 1}, {"tp": 1}], extra_cfg="max_seqs = 64")
+    n_tok = 256
+    try:
+        cl.start()
+
+        def req(i):
+            return {"prompt": refs[i % len(refs)]["prompt"], "max_tokens": n_tok,
+                    "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+
+        # One sequence alone.
+        st, chunks, done, stamps = cl.stream(req(0))
+        check(st == 200 and done, "single stream completes")
+        single, n1 = decode_rate([(st, chunks, done, stamps)])
+        # Eight at once; busy fractions over this run only.
+        time.sleep(0.3)
+        cl.stages_json()  # resets the busy-fraction window
+        res = run_concurrent([lambda i=i: cl.stream(req(i)) for i in range(8)])
+        time.sleep(0.3)   # the stats poll (100 ms) catches up
+        s = cl.stages_json()
+        ok = all(r and r[0] == 200 and r[2] for r in res)
+        check(ok, "8 concurrent streams complete")
+        if not ok:
+            return
+        multi, n8 = decode_rate(res)
+        fr = [x["busy_fraction"] for x in s["stages"]]
+        print("decode tok/s: 1 sequence %.1f (%d tokens), 8 sequences %.1f (%d tokens): %.2fx"
+              % (single, n1, multi, n8, multi / single))
+        print("busy fractions over the 8-sequence run: %s (sum %.2f); batches launched %d"
+              % (["%.3f" % f for f in fr], sum(fr), s["batches_launched"]))
+        check(len(fr) == 2 and all(f > 0 for f in fr), "each stage reports a busy fraction")
+        check(sum(fr) > 1.0, "busy fractions sum %.2f > 1.0: the stages overlap in time" % sum(fr))
+        check(multi >= 3.0 * single,
+              "aggregate decode %.1f tok/s >= 3 x single %.1f tok/s" % (multi, single))
+        finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def mode_cancel(args):
+    cl = Cluster(args, [{"tp": 2}, {"tp": 2}])
+    try:
+        cl.start()
+        s0 = cl.stages_json()
+        free0 = s0["kv_blocks_free"]
+        check(free0 == s0["kv_blocks_total"] and free0 > 0, "all %d KV blocks free at start" % free0)
+        # A long streaming request; disconnect after a few chunks.
+        req = {"prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True,
+               "temperature": 0, "stream": True}
+        sock = socket.create_connection(("127.0.0.1", cl.http_port), timeout=30)
+        body = json.dumps(req).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        got = b""
+        deadline = time.time() + 30
+        while got.count(b"data: ") < 5 and time.time() < deadline:
+            d = sock.recv(4096)
+            if not d:
+                break
+            got += d
+        check(got.count(b"data: ") >= 5, "the stream started (%d chunks read)" % got.count(b"data: "))
+        mid = cl.stages_json()
+        check(mid["kv_blocks_free"] < free0,
+              "KV blocks in use mid-stream (%d free of %d)" % (mid["kv_blocks_free"], free0))
+        sock.close()
+        freed = False
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            s = cl.stages_json()
+            if s["kv_blocks_free"] == free0 and s["requests_running"] == 0:
+                freed = True
+                break
+            time.sleep(0.1)
+        check(freed, "after the disconnect the free KV block count returns to %d (now %d)"
+              % (free0, s["kv_blocks_free"]))
+        with open(cl.co_log) as f:
+            check("cancelling" in f.read(), "the coordinator logged the cancellation")
+        # Still serving, exactly.
+        ref = load_ref(args, "stories260K-greedy.json")[0]
+        st, b = cl.complete({"prompt": ref["prompt"], "max_tokens": 64, "temperature": 0,
+                             "return_token_ids": True})
+        check(st == 200 and b["choices"][0]["token_ids"] == ref["completion_tokens"],
+              "a completion after the cancellation is exact")
+        check(cl.stages_json()["kv_blocks_free"] == free0, "and frees its blocks too")
+        finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def mode_bad_input(args):
+    ref = load_ref(args, "stories260K-greedy.json")[0]
+    cl = Cluster(args, [{"tp": 2}, {"tp": 2}])
+    try:
+        cl.start()
+        bad = [
+            ("malformed JSON", b'{"prompt": "x", '),
+            ("not an object", b'[1, 2]'),
+            ("missing prompt", b'{"max_tokens": 4}'),
+            ("prompt not a string", b'{"prompt": 12}'),
+            ("max_tokens 0", b'{"prompt": "x", "max_tokens": 0}'),
+            ("max_tokens negative", b'{"prompt": "x", "max_tokens": -3}'),
+            ("max_tokens beyond the context", b'{"prompt": "x", "max_tokens": 100000}'),
+            ("prompt + max_tokens beyond the context",
+             b'{"prompt": "Once upon a time", "max_tokens": 510}'),
+            ("max_tokens a string", b'{"prompt": "x", "max_tokens": "4"}'),
+            ("temperature a string", b'{"prompt": "x", "temperature": "hot"}'),
+            ("stream not a boolean", b'{"prompt": "x", "stream": 1}'),
+            ("stop a number", b'{"prompt": "x", "stop": 5}'),
+            ("ignore_eos not a boolean", b'{"prompt": "x", "ignore_eos": "yes"}'),
+            ("invalid UTF-8", b'{"prompt": "\xff\xfe"}'),
+        ]
+        for what, body in bad:
+            st, b = cl.post_raw(body)
+            try:
+                e = json.loads(b)["error"]
+                shaped = all(k in e for k in ("message", "type", "param", "code"))
+            except (ValueError, KeyError, TypeError):
+                shaped = False
+            check(st == 400 and shaped, "%s -> %d with an OpenAI error body" % (what, st))
+        # Random bytes to each worker's data port.
+        rnd = random.Random(5)
+        for host, port in cl.worker_addrs:
+            for n in (1, 64, 4096):
+                try:
+                    s = socket.create_connection((host, port), timeout=5)
+                    s.sendall(bytes(rnd.getrandbits(8) for _ in range(n)))
+                    time.sleep(0.1)
+                    s.close()
+                except OSError as e:
+                    print("  (socket to %s:%d: %s)" % (host, port, e))
+        time.sleep(0.5)
+        for name, p in cl.procs:
+            check(p.poll() is None, "%s still running after random bytes" % name)
+        st, b = cl.complete({"prompt": ref["prompt"], "max_tokens": 64, "temperature": 0,
+                             "return_token_ids": True})
+        check(st == 200 and b["choices"][0]["token_ids"] == ref["completion_tokens"],
+              "the next completion returns the reference tokens")
+        st, _ = cl.get("/health")
+        check(st == 200, "/health is still 200")
+        finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def mode_unreachable(args):
+    """A worker that is not there: the coordinator exits 1 naming it."""
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="strata-cluster-")
+    path = os.path.join(tmp, "c.ini")
+    with open(path, "w") as f:
+        f.write("[cluster]\nmodel = %s\n[stage.0]\naddress = 127.0.0.1:%d\n" %
+                (os.path.join(args.shared, "models", "stories260K.gguf"), port))
+    env = dict(os.environ)
+    env.setdefault("UCX_TLS", "tcp")
+    r = subprocess.run([args.coordinator, "--config", path, "--listen", "127.0.0.1:%d" % free_port(),
+                        "--ready-timeout", "2"], capture_output=True, text=True, timeout=60, env=env)
+    check(r.returncode == 1, "unreachable worker: exit status %d" % r.returncode)
+    check(("127.0.0.1:%d is unreachable" % port) in r.stderr,
+          "the error names the unreachable stage: %r" % r.stderr.strip().splitlines()[-1:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode")
+    ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--shared", default=os.environ.get("STRATA_SHARED", "../shared"))
+    args = ap.parse_args()
+    m = args.mode
+    if m == "exact-pp2-tp2":
+        mode_exact(args, [{"tp": 2}, {"tp": 2}], label="PP2xTP2")
+    elif m == "exact-pp5":
+        mode_exact(args, [{"tp": 1}] * 5, label="PP5xTP1")
+    elif m == "exact-pp3-221":
+        mode_exact(args, [{"tp": 1}] * 3, partition="2,2,1", label="PP3 2,2,1")
+    elif m == "long":
+        mode_long(args)
+    elif m == "netns":
+        mode_netns(args)
+    elif m == "microbatch":
+        mode_microbatch(args)
+    elif m == "cancel":
+        mode_cancel(args)
+    elif m == "bad-input":
+        mode_bad_input(args)
+    elif m == "unreachable":
+        mode_unreachable(args)
+    else:
+        print("unknown mode", m)
+        return 2
+    if FAILS:
+        print("%d check(s) failed" % len(FAILS))
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
