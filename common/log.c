@@ -22,6 +22,7 @@ static int g_sink = ST_LOG_SINK_AUTO;
 static int g_journal = -1; /* resolved sink: 1 journal, 0 stderr, -1 not yet */
 
 #define MSG_MAX 2048
+#define JOURNAL_SOCKET "/run/systemd/journal/socket"
 #define REQ_MAX 64
 
 static int level_from_env(void) {
@@ -66,17 +67,24 @@ bool st_log_journal_stream_matches(const char *journal_stream, int fd) {
     return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
 }
 
+enum st_log_sink st_log_resolve_sink(enum st_log_sink configured, const char *strata_log_journal,
+                                     const char *journal_stream, int fd) {
+    if (configured == ST_LOG_SINK_JOURNAL || configured == ST_LOG_SINK_STDERR) return configured;
+    if (strata_log_journal && *strata_log_journal)
+        return strcmp(strata_log_journal, "0") ? ST_LOG_SINK_JOURNAL : ST_LOG_SINK_STDERR;
+    return st_log_journal_stream_matches(journal_stream, fd) ? ST_LOG_SINK_JOURNAL
+                                                             : ST_LOG_SINK_STDERR;
+}
+
 bool st_log_journal_active(void) {
     if (g_journal >= 0) return g_journal == 1;
-    bool want;
-    if (g_sink == ST_LOG_SINK_JOURNAL) want = true;
-    else if (g_sink == ST_LOG_SINK_STDERR) want = false;
-    else {
-        const char *force = getenv("STRATA_LOG_JOURNAL");
-        if (force && *force) want = strcmp(force, "0") != 0;
-        else want = st_log_journal_stream_matches(getenv("JOURNAL_STREAM"), STDERR_FILENO);
-    }
-#ifndef STRATA_HAVE_SYSTEMD
+    bool want = st_log_resolve_sink((enum st_log_sink)g_sink, getenv("STRATA_LOG_JOURNAL"),
+                                    getenv("JOURNAL_STREAM"), STDERR_FILENO) == ST_LOG_SINK_JOURNAL;
+#ifdef STRATA_HAVE_SYSTEMD
+    /* sd_journal_sendv() reports success when journald is not running (its
+     * socket is missing) and drops the record: keep stderr then. */
+    if (want && access(JOURNAL_SOCKET, W_OK) != 0) want = false;
+#else
     want = false;
 #endif
     g_journal = want ? 1 : 0;

@@ -16,7 +16,7 @@
  *   STRATA_REQUEST_ID= (st_log_req)
  * so `journalctl STRATA_REQUEST_ID=cmpl-42` follows one request across nodes.
  * STRATA_LOG_JOURNAL=0 forces stderr. When Strata is built without libsystemd,
- * or a journal write fails, the line goes to stderr instead.
+ * journald is not running, or a journal write fails, the line goes to stderr.
  *
  * The setters are for start-up (before threads); logging itself is
  * thread-safe.
@@ -49,7 +49,9 @@ void st_log_set_tag(const char *tag);
 void st_log_set_node(const char *node);
 void st_log_set_stage(int stage);
 void st_log_set_sink(enum st_log_sink sink);
-/* True when records go to journald (resolves AUTO on first call). */
+/* True when records go to journald: the sink resolves to JOURNAL (see
+ * st_log_resolve_sink; decided on first use), Strata has libsystemd, and
+ * journald's socket exists (sd_journal_send drops records silently without it). */
 bool st_log_journal_active(void);
 
 void st_log(enum st_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -88,6 +90,13 @@ typedef struct st_log_fields {
  * (optional) and msg (cut to fit buf). */
 void st_log_journal_fields(st_log_fields *f, enum st_log_level level, const char *request_id,
                            const char *msg);
+
+/* The sink for a configured one: STDERR and JOURNAL stay; AUTO becomes
+ * JOURNAL when strata_log_journal (the STRATA_LOG_JOURNAL value) is set and not
+ * "0", STDERR when it is "0", else JOURNAL when journal_stream ($JOURNAL_STREAM)
+ * names the file open on fd (stderr). Pure: reads no environment. */
+enum st_log_sink st_log_resolve_sink(enum st_log_sink configured, const char *strata_log_journal,
+                                     const char *journal_stream, int fd);
 
 /* True when journal_stream ("dev:ino", as $JOURNAL_STREAM) names the file
  * open on fd. False for NULL or malformed text. */

@@ -130,6 +130,7 @@ static int load_rows(rank_ctx *rc, backend_weight *w, const char *name, int64_t 
     if (rc->be->ops->weight_upload(rc->be, w, t->type, r1 - r0, t->ne[0],
                                    (const char *)t->data + (size_t)r0 * rb, err))
         return st_err_prefix(err, "%s", name);
+    gguf_release_pages(rc->s->f, (const char *)t->data + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);
     progress(rc->s, w->nbytes);
     return 0;
 }
@@ -173,6 +174,8 @@ static int load_cols(rank_ctx *rc, backend_weight *w, const char *name, int64_t 
         free(buf);
     }
     if (rcode) return st_err_prefix(err, "%s", name);
+    /* Every rank reads every row here, so only the last one done may drop them. */
+    if (rc->s->tp == 1) gguf_release_pages(rc->s->f, t->data, t->nbytes);
     progress(rc->s, w->nbytes);
     return 0;
 }
@@ -646,6 +649,11 @@ stage *stage_open(const stage_params *pin, st_err *err) {
             s->last, s->cfg.n_layer, s->tp, n_threads, s->p.model_path,
             (double)s->load_total / 1048576.0);
     if (run_phase(s, 0, err)) goto fail;
+    /* The ranks hold their copies now; drop what is left of the mapping from RSS. */
+    for (int64_t i = 0; i < gguf_n_tensors(s->f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(s->f, i);
+        gguf_release_pages(s->f, t->data, t->nbytes);
+    }
     clock_gettime(CLOCK_MONOTONIC, &s->opened);
     return s;
 fail:

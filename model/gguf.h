@@ -158,6 +158,13 @@ int64_t gguf_tensor_nrows(const gguf_tensor *t);
 int gguf_tensor_rows_f32(const gguf_tensor *t, int64_t row0, int64_t n_rows, float *dst,
                          st_err *err);
 
+/* Drops the pages of [ptr, ptr+len) (inside f's mapping) from this process's
+ * resident set once a loader has copied them, so that loading a model does
+ * not hold it twice (mapping + copy). Later reads fault the pages back in from
+ * the page cache. Only whole pages inside the range are dropped; a no-op for
+ * files opened with gguf_open_memory. */
+void gguf_release_pages(const gguf_file *f, const void *ptr, size_t len);
+
 /* ---- Writer: produces GGUF v3, metadata first, then tensors aligned to
  * general.alignment (default 32). Values are copied at call time. ---- */
 typedef struct gguf_writer gguf_writer;

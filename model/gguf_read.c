@@ -788,3 +788,11 @@ int gguf_tensor_rows_f32(const gguf_tensor *t, int64_t row0, int64_t n_rows, flo
                            gguf_tensor_type_name(t->type));
     return 0;
 }
+
+void gguf_release_pages(const gguf_file *f, const void *ptr, size_t len) {
+    if (!f || !f->map || len == 0) return;
+    const long page = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)ptr + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)ptr + len) & ~(uintptr_t)(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
