@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# roofline.sh — decode speed of a model against this machine's memory-read
+# roofline, measured in the same run.
+#
+#   bench/roofline.sh MODEL.gguf [THREADS] [TP] [BUILD_DIR]
+#
+# Decode is memory-bound: each token streams every weight once, so
+#   roofline tok/s = read bandwidth (bytes/s, strata-membw, THREADS threads)
+#                    / resident weight bytes (strata-bench's backend accounting)
+# and the ratio decode tok/s / roofline tok/s says how close the kernels get.
+# Use a Release build on a quiet machine.
+set -euo pipefail
+model=${1:?usage: bench/roofline.sh MODEL.gguf [THREADS] [TP] [BUILD_DIR]}
+threads=${2:-$(nproc)}
+tp=${3:-1}
+build=${4:-build-rel}
+py=/usr/bin/python3
+
+bw=$("$build/bench/strata-membw" --threads "$threads" --json)
+bench=$("$build/bench/strata-bench" --model "$model" --threads "$threads" --tp "$tp" --gen 32 --json)
+"$py" - "$bw" "$bench" "$threads" <<'PY'
+import json, sys
+bw, bench, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+gbps = max(r["read_gbps"] for r in bw["results"] if r["threads"] == threads)
+wbytes = bench["weights_gib"] * 2**30
+roof = gbps * 1e9 / wbytes
+print(f"memory read      {gbps:8.2f} GB/s ({threads} threads)")
+print(f"weights          {wbytes / 1e9:8.3f} GB")
+print(f"roofline         {roof:8.2f} tok/s")
+print(f"decode           {bench['decode_tok_s']:8.2f} tok/s  ({100 * bench['decode_tok_s'] / roof:.0f}% of roofline)")
+print(f"prefill          {bench['prefill_tok_s']:8.2f} tok/s  (prompt {bench['prompt_len']} tokens)")
+print(f"TTFT {bench['ttft_s']:.3f} s, TPOT {bench['tpot_s'] * 1e3:.1f} ms, all-reduce share {100 * bench['allreduce_share']:.1f}%, peak RSS {bench['peak_rss_gib']:.2f} GiB")
+PY
