@@ -81,6 +81,9 @@ struct cluster {
     sched *s;
     const sched_batch **inflight; /* launched batches (max_inflight slots, NULL = free) */
     int max_inflight;
+    double *launched_at;          /* per inflight slot: monotonic seconds */
+    double rtt_sum;               /* launch -> result, summed over batches */
+    uint64_t rtt_n;
     creq *reqs;
     uint64_t stats_req_id;
     uint64_t seed_counter;
@@ -101,6 +104,12 @@ static void fatal(cluster *c, const char *fmt, ...) {
     va_end(ap);
     ST_ERROR("cluster: %s", msg);
     if (c->on_fatal) c->on_fatal(c->ud, msg);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void pump_soon(cluster *c) {
@@ -242,6 +251,7 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
         for (int i = 0; i < c->max_inflight; i++)
             if (!c->inflight[i]) {
                 c->inflight[i] = b;
+                c->launched_at[i] = now_s();
                 break;
             }
     }
@@ -359,6 +369,8 @@ static void on_batch_result(cluster *c, uint64_t batch_id, frame_result **res, s
     int n_ev = 0;
     st_err err = {{0}};
     c->inflight[slot] = NULL;
+    c->rtt_sum += now_s() - c->launched_at[slot];
+    c->rtt_n++;
     if (sched_on_tokens(c->s, batch_id, sampled, n, &ev, &n_ev, &err) != 0) {
         ST_ERROR("cluster: %s", err.msg);
         n_ev = 0;
@@ -435,8 +447,9 @@ static void all_ready(cluster *c) {
                        .n_ctx = c->n_ctx,
                        .eos_id = -1}; /* end of generation is decided here (tok_is_eog, ignore_eos) */
     c->inflight = calloc((size_t)c->max_inflight, sizeof *c->inflight);
+    c->launched_at = calloc((size_t)c->max_inflight, sizeof *c->launched_at);
     if (c->kv) c->s = sched_create(&sc, c->kv, &err);
-    if (!c->kv || !c->s || !c->inflight) {
+    if (!c->kv || !c->s || !c->inflight || !c->launched_at) {
         fatal(c, "cannot start the scheduler: %s", err.msg[0] ? err.msg : "out of memory");
         return;
     }
@@ -712,12 +725,13 @@ static char *eng_stages_json(void *impl) {
         l->prev_uptime_s = l->uptime_s;
     }
     json_t *root = json_pack(
-        "{s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:o}", "ready", c->ready && !c->lost, "epoch",
-        CLUSTER_EPOCH, "kv_block_size", c->cfg->kv_block_size, "kv_blocks_total", (int)st.n_blocks,
+        "{s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:o}", "ready", c->ready && !c->lost, "epoch",
+        CLUSTER_EPOCH, "n_ctx", c->n_ctx, "kv_block_size", c->cfg->kv_block_size, "kv_blocks_total", (int)st.n_blocks,
         "kv_blocks_free", (int)st.blocks_free, "requests_waiting", st.n_waiting,
         "requests_running", st.n_running, "batches_in_flight", st.n_inflight,
         "batches_launched", (json_int_t)st.batches_launched, "tokens_launched",
-        (json_int_t)st.tokens_launched, "stages", stages);
+        (json_int_t)st.tokens_launched, "batch_round_trip_ms",
+        c->rtt_n ? 1e3 * c->rtt_sum / (double)c->rtt_n : 0.0, "stages", stages);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     return s;
@@ -799,6 +813,7 @@ void cluster_destroy(cluster *c) {
     sched_destroy(c->s);
     kv_alloc_free(c->kv);
     free(c->inflight);
+    free(c->launched_at);
     free(c->links);
     free(c->piece_buf);
     free(c);

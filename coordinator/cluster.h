@@ -34,9 +34,10 @@
  *
  * stages_json (GET /v1/stages): the coordinator polls every stage with a
  * StatsRequest every 100 ms and answers from the latest StageStats:
- *   {"ready":bool,"epoch":1,"kv_block_size":n,"kv_blocks_total":n,
+ *   {"ready":bool,"epoch":1,"n_ctx":n,"kv_block_size":n,"kv_blocks_total":n,
  *    "kv_blocks_free":n,"requests_waiting":n,"requests_running":n,
  *    "batches_in_flight":n,"batches_launched":n,"tokens_launched":n,
+ *    "batch_round_trip_ms":mean launch-to-result time of the batches so far,
  *    "stages":[{"stage":i,"address":"h:p","first_layer":a,"last_layer":b,
  *               "tp":t,"ready":bool,"busy_seconds":s,"uptime_seconds":s,
  *               "forwards":n,"tokens":n,"busy_fraction":f,"queue_depth":n}]}

@@ -240,12 +240,18 @@ static int add_slice(sched *s, slot *sl, seq *q, int n) {
 const sched_batch *sched_next_microbatch(sched *s) {
     if (s->n_inflight >= s->cfg.max_inflight) return NULL;
     admit(s);
-    int idle = 0;
-    for (seq *q = s->running.head; q; q = q->next)
+    int idle = 0, active = 0;
+    for (seq *q = s->running.head; q; q = q->next) {
         if (!q->in_flight && want_tokens(s, q) > 0) idle++;
+        if (q->in_flight || want_tokens(s, q) > 0) active++;
+    }
     if (idle == 0) return NULL;
     int free_slots = s->cfg.max_inflight - s->n_inflight;
     int take = (idle + free_slots - 1) / free_slots;
+    /* Balance: no batch above its share of the active sequences, so that
+     * uneven groups (a lone first request, then the rest) even out. */
+    int share = (active + s->cfg.max_inflight - 1) / s->cfg.max_inflight;
+    if (take > share) take = share;
     slot *sl = NULL;
     for (int i = 0; i < s->cfg.max_inflight; i++)
         if (!s->slots[i].used) {

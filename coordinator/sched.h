@@ -26,10 +26,12 @@
  *   tokens; only the chunk that ends the prompt asks for a sample.
  * - Pipelining: up to max_inflight (default n_stages) micro-batches are in
  *   flight. A sequence is in at most one of them, so its tokens stay in order.
- *   Each launch takes ceil(idle / free_slots) idle sequences (decode first,
- *   then prefill chunks, in admission order, within max_batch_tokens), so that
- *   e.g. 8 decoding sequences on 2 stages form 2 micro-batches of 4 and no
- *   stage idles (GPipe / vLLM virtual-engine style).
+ *   Each launch takes ceil(idle / free_slots) idle sequences, but at most
+ *   ceil(active / max_inflight) (active = in flight or wanting tokens), decode
+ *   first, then prefill chunks, in admission order, within max_batch_tokens.
+ *   So e.g. 8 decoding sequences on 2 stages form 2 micro-batches of 4 and no
+ *   stage idles (GPipe / vLLM virtual-engine style), and groups that formed
+ *   unevenly (1 request alone, then 7 more) even out within two launches.
  * - Blocks are freed when a sequence finishes and when it is cancelled; a
  *   sequence cancelled while in flight keeps its blocks until that batch comes
  *   back or is aborted, because stages may still be writing them.

@@ -13,7 +13,8 @@ MODE
   exact-pp3-221   PP 3 with the explicit partition 2,2,1, the same
   long            the 480-token reference (ignore_eos), PP 2 x TP 2
   netns           PP 2 x TP 2, each worker in its own network namespace (veth
-                  pairs, 10.x addresses); the coordinator in the root one
+                  pairs joined by a bridge, 10.201.x.0/24); the coordinator in
+                  the root one
   microbatch      PP 2: busy fractions of both stages sum > 1 with 8
                   concurrent sequences; aggregate decode tok/s with 8 >= 3x one
   cancel          a streaming client disconnects mid-stream: the free KV block
@@ -329,35 +330,38 @@ def sh(*cmd):
 
 
 def mode_netns(args):
+    """Each worker in its own network namespace with one end of a veth pair;
+    the root-namespace ends are joined by a bridge that holds the
+    coordinator's address (10.201.S.1/24; workers .2, .3). One subnet on one
+    bridge: UCX's tcp transport binds a connection to the device it chose, so
+    a /30 per veth (routed between them) fails its wire-up (UCX 1.13)."""
     refs = load_ref(args, "stories260K-greedy.json")
     tag = "%x" % (os.getpid() & 0xffff)
-    nss, veths, stages = [], [], []
-    # Each worker: namespace stN-TAG, veth pair (host side in the root ns),
-    # a /30 in 10.201.<pid-derived>.<4i>; the workers reach each other through
-    # the root namespace (forwarding on), the coordinator directly.
     sub = (os.getpid() % 200) + 20
+    br = "stbr%s" % tag
+    nss, veths, stages = [], [], []
+    made_br = False
     cl = None
     try:
-        with open("/proc/sys/net/ipv4/ip_forward") as f:
-            fwd_before = f.read().strip()
+        sh("ip", "link", "add", br, "type", "bridge")
+        made_br = True
+        sh("ip", "addr", "add", "10.201.%d.1/24" % sub, "dev", br)
+        sh("ip", "link", "set", br, "up")
         for i in range(2):
             ns = "strata-st%d-%s" % (i, tag)
             vh, vn = "sth%d%s" % (i, tag), "stn%d%s" % (i, tag)
-            host_ip, ns_ip = "10.201.%d.%d" % (sub, 4 * i + 1), "10.201.%d.%d" % (sub, 4 * i + 2)
+            ns_ip = "10.201.%d.%d" % (sub, i + 2)
             sh("ip", "netns", "add", ns)
             nss.append(ns)
             sh("ip", "link", "add", vh, "type", "veth", "peer", "name", vn)
             veths.append(vh)
             sh("ip", "link", "set", vn, "netns", ns)
-            sh("ip", "addr", "add", host_ip + "/30", "dev", vh)
+            sh("ip", "link", "set", vh, "master", br)
             sh("ip", "link", "set", vh, "up")
-            sh("ip", "-n", ns, "addr", "add", ns_ip + "/30", "dev", vn)
+            sh("ip", "-n", ns, "addr", "add", ns_ip + "/24", "dev", vn)
             sh("ip", "-n", ns, "link", "set", vn, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", ns, "route", "add", "default", "via", host_ip)
             stages.append({"tp": 2, "host": ns_ip, "netns": ns})
-        with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
-            f.write("1")
         cl = Cluster(args, stages)
         cl.start()
         s = cl.stages_json()
@@ -374,58 +378,54 @@ def mode_netns(args):
             subprocess.run(["ip", "netns", "del", ns], timeout=30)
         for v in veths:
             subprocess.run(["ip", "link", "del", v], stderr=subprocess.DEVNULL, timeout=30)
-        try:
-            with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
-                f.write(fwd_before)
-        except (OSError, NameError):
-            pass
+        if made_br:
+            subprocess.run(["ip", "link", "del", br], timeout=30)
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         check(not any(ns in left for ns in nss), "the namespaces are removed")
-
-
-def decode_rate(results):
-    """Aggregate decode tok/s over streams: tokens after each stream's first
-    chunk, over the span from the earliest first token to the latest last."""
-    first = min(stamps[0] for _, chunks, _, stamps in results)
-    last = max(stamps[-1] for _, chunks, _, stamps in results)
-    n = 0
-    for _, chunks, _, _ in results:
-        ids = sum((c["choices"][0].get("token_ids", []) for c in chunks), [])
-        n += len(ids) - 1
-    return n / (last - first), n
+        links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+        check(br not in links and not any(v in links for v in veths), "the bridge and veths are removed")
 
 
 def mode_microbatch(args):
+    """Non-streaming requests (so that the client's SSE parsing does not
+    compete for the CPUs): decode tok/s = completion tokens / wall time from
+    the first request to the last response (the prompts are 4..21 tokens)."""
     refs = load_ref(args, "stories260K-greedy.json")
-    cl = Cluster(args, [{"tp": 1}, {"tp": 1}], extra_cfg="max_seqs = 64")
-    n_tok = 256
+    layout = os.environ.get("STRATA_MB_LAYOUT", "1,1").split(",")
+    cl = Cluster(args, [{"tp": int(t)} for t in layout],
+                 extra_cfg="max_seqs = 64\n" + os.environ.get("STRATA_MB_CFG", ""))
+    n_tok = 128
     try:
         cl.start()
 
         def req(i):
             return {"prompt": refs[i % len(refs)]["prompt"], "max_tokens": n_tok,
-                    "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+                    "temperature": 0, "ignore_eos": True}
 
-        # One sequence alone.
-        st, chunks, done, stamps = cl.stream(req(0))
-        check(st == 200 and done, "single stream completes")
-        single, n1 = decode_rate([(st, chunks, done, stamps)])
-        # Eight at once; busy fractions over this run only.
+        def run(n):
+            t0 = time.time()
+            res = run_concurrent([lambda i=i: cl.complete(req(i)) for i in range(n)])
+            dt = time.time() - t0
+            ok = all(r and r[0] == 200 for r in res)
+            toks = sum(r[1]["usage"]["completion_tokens"] for r in res) if ok else 0
+            return ok, toks / dt, toks
+
+        ok1, single, n1 = run(1)
+        rtt1 = cl.stages_json()["batch_round_trip_ms"]
+        check(ok1 and n1 == n_tok, "single sequence completes (%d tokens)" % n1)
         time.sleep(0.3)
-        cl.stages_json()  # resets the busy-fraction window
-        res = run_concurrent([lambda i=i: cl.stream(req(i)) for i in range(8)])
+        cl.stages_json()  # starts the busy-fraction window
+        ok8, multi, n8 = run(8)
         time.sleep(0.3)   # the stats poll (100 ms) catches up
         s = cl.stages_json()
-        ok = all(r and r[0] == 200 and r[2] for r in res)
-        check(ok, "8 concurrent streams complete")
-        if not ok:
-            return
-        multi, n8 = decode_rate(res)
+        check(ok8 and n8 == 8 * n_tok, "8 concurrent sequences complete (%d tokens)" % n8)
         fr = [x["busy_fraction"] for x in s["stages"]]
-        print("decode tok/s: 1 sequence %.1f (%d tokens), 8 sequences %.1f (%d tokens): %.2fx"
-              % (single, n1, multi, n8, multi / single))
-        print("busy fractions over the 8-sequence run: %s (sum %.2f); batches launched %d"
-              % (["%.3f" % f for f in fr], sum(fr), s["batches_launched"]))
+        print("decode tok/s: 1 sequence %.1f, 8 sequences %.1f: %.2fx; mean batch round trip "
+              "%.3f ms after the single run, %.3f ms after both" %
+              (single, multi, multi / single if single else 0, rtt1, s["batch_round_trip_ms"]))
+        print("busy fractions over the 8-sequence run: %s (sum %.2f); batches launched %d, "
+              "tokens launched %d" % (["%.3f" % f for f in fr], sum(fr), s["batches_launched"],
+                                      s["tokens_launched"]))
         check(len(fr) == 2 and all(f > 0 for f in fr), "each stage reports a busy fraction")
         check(sum(fr) > 1.0, "busy fractions sum %.2f > 1.0: the stages overlap in time" % sum(fr))
         check(multi >= 3.0 * single,
@@ -494,6 +494,7 @@ def mode_bad_input(args):
     cl = Cluster(args, [{"tp": 2}, {"tp": 2}])
     try:
         cl.start()
+        n_ctx = cl.stages_json()["n_ctx"]
         bad = [
             ("malformed JSON", b'{"prompt": "x", '),
             ("not an object", b'[1, 2]'),
@@ -501,9 +502,10 @@ def mode_bad_input(args):
             ("prompt not a string", b'{"prompt": 12}'),
             ("max_tokens 0", b'{"prompt": "x", "max_tokens": 0}'),
             ("max_tokens negative", b'{"prompt": "x", "max_tokens": -3}'),
-            ("max_tokens beyond the context", b'{"prompt": "x", "max_tokens": 100000}'),
+            ("max_tokens beyond the context",
+             b'{"prompt": "x", "max_tokens": %d}' % (n_ctx + 1)),
             ("prompt + max_tokens beyond the context",
-             b'{"prompt": "Once upon a time", "max_tokens": 510}'),
+             b'{"prompt": "Once upon a time", "max_tokens": %d}' % (n_ctx - 2)),
             ("max_tokens a string", b'{"prompt": "x", "max_tokens": "4"}'),
             ("temperature a string", b'{"prompt": "x", "temperature": "hot"}'),
             ("stream not a boolean", b'{"prompt": "x", "stream": 1}'),

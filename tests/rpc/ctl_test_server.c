@@ -3,10 +3,14 @@
  * loop (the way the coordinator is meant to), backed by a tiny in-memory node
  * registry and placement, and answering with real protobuf-c messages.
  *
- * Usage: ctl_test_server [--listen ADDR] [--layers N] [--gen-delay-ms MS]
+ * Usage: ctl_test_server [--listen ADDR] [--layers N] [--gen-delay-ms MS] [--node NAME]...
+ * (--node pre-registers NAME: 1 cpu device of 16 GiB, 64 GiB host memory,
+ * data address 127.0.0.1:7100+i, state registered.)
  * Prints "PORT <n>" on stdout once serving; SIGTERM / SIGINT stop it cleanly
- * (exit 0). Extra test method: /strata.v1.Test/Slow (unary, any bytes) echoes
- * the request after 300 ms, for deadline tests.
+ * (exit 0). Extra test methods (unary, any bytes): /strata.v1.Test/Slow echoes
+ * the request after 300 ms (deadline tests); /strata.v1.Test/Echo echoes it at
+ * once from the rpc thread (a direct handler, no loop); /strata.v1.Test/NoReply
+ * finishes OK without a reply (the server must turn that into INTERNAL).
  *
  * Generate streams max_tokens chunks (default 8), one every --gen-delay-ms:
  * chunk i carries token_ids [100+i] and text " t<i>"; the last one has
@@ -470,7 +474,38 @@ static void h_slow(rpc_call *c, const rpc_request *req, void *ud) {
     evtimer_add(p->timer, &tv);
 }
 
+/* Direct handlers: run on the rpc thread (rpc_server_add_method), answer at once. */
+static void h_echo(rpc_call *c, const rpc_request *req, void *ud) {
+    rpc_call_reply(c, req->bytes, req->len);
+}
+
+static void h_no_reply(rpc_call *c, const rpc_request *req, void *ud) {
+    rpc_call_finish(c, RPC_OK, NULL); /* a bug the server turns into INTERNAL */
+}
+
 /* ------------------------------------------------------------------ main */
+
+static void seed_node(fixture *fx, const char *name) {
+    if (fx->n_nodes == MAX_NODES || find_node(fx, name)) return;
+    node *n = &fx->nodes[fx->n_nodes];
+    memset(n, 0, sizeof *n);
+    n->name = strdup(name);
+    n->lease = ++fx->next_lease;
+    n->state = STRATA__V1__NODE_STATE__NODE_STATE_REGISTERED;
+    n->last_hb = now_s();
+    n->devices = calloc(1, sizeof *n->devices);
+    strata__v1__device__init(&n->devices[0]);
+    n->devices[0].kind = strdup("cpu");
+    n->devices[0].count = 1;
+    n->devices[0].memory_bytes = 16ull << 30;
+    n->n_devices = 1;
+    n->host_mem = 64ull << 30;
+    n->numa = 1;
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%zu", 7100 + fx->n_nodes);
+    n->data_address = strdup(addr);
+    fx->n_nodes++;
+}
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
     event_base_loopbreak(arg);
@@ -486,8 +521,13 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--listen") && i + 1 < argc) listen = argv[++i];
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) fx.n_layers = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gen-delay-ms") && i + 1 < argc) fx.gen_delay_ms = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--node") && i + 1 < argc) seed_node(&fx, argv[++i]);
         else {
-            fprintf(stderr, "usage: ctl_test_server [--listen ADDR] [--layers N] [--gen-delay-ms MS]\n");
+            fprintf(stderr, "usage: ctl_test_server [--listen ADDR] [--layers N] [--gen-delay-ms MS] [--node NAME]...\n");
+            for (size_t k = 0; k < fx.n_nodes; k++) {
+                node_clear(&fx.nodes[k]);
+                free(fx.nodes[k].name);
+            }
             return 2;
         }
     }
@@ -519,6 +559,12 @@ int main(int argc, char **argv) {
     if (!lp) rc = 1;
     for (size_t i = 0; rc == 0 && i < sizeof methods / sizeof methods[0]; i++)
         if (rpc_loop_add_method(lp, srv, &methods[i], &err) != 0) rc = 1;
+    const rpc_method direct[] = {
+        {"/strata.v1.Test/Echo", RPC_KIND_UNARY, h_echo, NULL, NULL},
+        {"/strata.v1.Test/NoReply", RPC_KIND_UNARY, h_no_reply, NULL, NULL},
+    };
+    for (size_t i = 0; rc == 0 && i < 2; i++)
+        if (rpc_server_add_method(srv, &direct[i], &err) != 0) rc = 1;
     if (rc == 0 && rpc_server_start(srv, &err) != 0) rc = 1;
     if (rc != 0) {
         fprintf(stderr, "ctl_test_server: %s\n", err.msg);

@@ -355,6 +355,28 @@ int main(int argc, char **argv) {
     CHECK(g.n > 0 && g.n < 1000);
     CHECK_EQ_INT(g.bad_order, 0);
 
+    /* Direct (rpc-thread) handlers: a 1 MiB echo; OK without a reply -> INTERNAL. */
+    size_t big = 1u << 20;
+    uint8_t *blob = malloc(big);
+    for (size_t i = 0; i < big; i++) blob[i] = (uint8_t)(i * 131u + 7u);
+    rc = rpc_client_unary(c, "/strata.v1.Test/Echo", blob, big, 5.0, &rep, &rlen, &st);
+    CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(rlen, big);
+    CHECK(rep && memcmp(rep, blob, big) == 0);
+    free(rep);
+    rep = NULL;
+    rc = rpc_client_unary(c, "/strata.v1.Test/Echo", "", 0, 5.0, &rep, &rlen, &st);
+    CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(rlen, 0);
+    CHECK(rep != NULL);
+    free(rep);
+    rep = NULL;
+    free(blob);
+    rc = rpc_client_unary(c, "/strata.v1.Test/NoReply", "", 0, 5.0, &rep, &rlen, &st);
+    CHECK_EQ_INT(rc, -1);
+    CHECK_EQ_INT(st.code, RPC_INTERNAL);
+    CHECK_MSG(strstr(st.msg, "without a reply") != NULL, "msg: %s", st.msg);
+
     /* 4. Unknown method. */
     rc = rpc_client_unary(c, SVC "Nope", "", 0, 5.0, &rep, &rlen, &st);
     CHECK_EQ_INT(rc, -1);

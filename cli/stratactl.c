@@ -1,0 +1,509 @@
+/* stratactl.c — the operator CLI of the gRPC control API (strata.v1.Control,
+ * proto/control.proto) through rpc/grpc_client. Human-readable tables by
+ * default, JSON (field names as in control.proto) with --json.
+ *
+ *   stratactl [--addr HOST:PORT] [--json] [--timeout S] COMMAND
+ *     status | nodes | placement show | placement set --stages a:0-2,b:3-4
+ *     placement auto [--dry-run] | drain NODE | generate PROMPT [--max-tokens N]
+ *
+ * Exit codes (docs/control-api.md): 0 ok; 1 the server answered an error
+ * status (printed as "CODE: message"); 2 usage error; 3 the server is
+ * unavailable or the deadline passed.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/control.pb-c.h"
+#include "rpc/grpc_client.h"
+
+#define SVC "/strata.v1.Control/"
+#define DEFAULT_ADDR "127.0.0.1:7070"
+
+enum { EXIT_OK = 0, EXIT_SERVER = 1, EXIT_USAGE = 2, EXIT_UNAVAILABLE = 3 };
+
+static const char usage_text[] =
+    "usage: stratactl [--addr HOST:PORT] [--json] [--timeout S] COMMAND\n"
+    "commands:\n"
+    "  status                                cluster summary\n"
+    "  nodes                                 registered workers, state, heartbeat age, load\n"
+    "  placement show                        current (and pending) placement\n"
+    "  placement set --stages N:A-B[,N:A-B]  explicit stages, layers inclusive\n"
+    "  placement auto [--dry-run]            automatic placement\n"
+    "  drain NODE                            no new work on NODE; its stages move away\n"
+    "  generate PROMPT [--max-tokens N]      stream generated text\n"
+    "options:\n"
+    "  --addr HOST:PORT   coordinator control address (default $STRATACTL_ADDR or " DEFAULT_ADDR ")\n"
+    "  --json             JSON output (generate: one JSON object per chunk)\n"
+    "  --timeout S        deadline in seconds (default 10; generate: 600)\n"
+    "exit codes: 0 ok, 1 server error, 2 usage error, 3 unavailable or timed out\n";
+
+typedef struct opts {
+    const char *addr;
+    int json;
+    double timeout;
+    const char *stages;
+    int dry_run;
+    long max_tokens;
+    const char *words[4];
+    int n_words;
+} opts;
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "stratactl: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (stratactl --help for usage)\n");
+    return EXIT_USAGE;
+}
+
+/* ------------------------------------------------------------------ protobuf -> JSON */
+
+static json_t *pb_to_json(const ProtobufCMessage *m);
+
+static json_t *field_value(const ProtobufCFieldDescriptor *f, const void *p) {
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_INT32:
+    case PROTOBUF_C_TYPE_SINT32:
+    case PROTOBUF_C_TYPE_SFIXED32: return json_integer(*(const int32_t *)p);
+    case PROTOBUF_C_TYPE_UINT32:
+    case PROTOBUF_C_TYPE_FIXED32: return json_integer(*(const uint32_t *)p);
+    case PROTOBUF_C_TYPE_INT64:
+    case PROTOBUF_C_TYPE_SINT64:
+    case PROTOBUF_C_TYPE_SFIXED64: return json_integer((json_int_t) * (const int64_t *)p);
+    case PROTOBUF_C_TYPE_UINT64:
+    case PROTOBUF_C_TYPE_FIXED64: return json_integer((json_int_t) * (const uint64_t *)p);
+    case PROTOBUF_C_TYPE_FLOAT: return json_real(*(const float *)p);
+    case PROTOBUF_C_TYPE_DOUBLE: return json_real(*(const double *)p);
+    case PROTOBUF_C_TYPE_BOOL: return json_boolean(*(const protobuf_c_boolean *)p);
+    case PROTOBUF_C_TYPE_ENUM: {
+        const ProtobufCEnumValue *v =
+            protobuf_c_enum_descriptor_get_value(f->descriptor, *(const int *)p);
+        return v ? json_string(v->name) : json_integer(*(const int *)p);
+    }
+    case PROTOBUF_C_TYPE_STRING: {
+        const char *s = *(char *const *)p;
+        return json_string(s ? s : "");
+    }
+    case PROTOBUF_C_TYPE_BYTES: {
+        const ProtobufCBinaryData *b = p;
+        return json_integer((json_int_t)b->len); /* no bytes fields in control.proto */
+    }
+    case PROTOBUF_C_TYPE_MESSAGE: {
+        const ProtobufCMessage *sub = *(ProtobufCMessage *const *)p;
+        return sub ? pb_to_json(sub) : json_null();
+    }
+    }
+    return json_null();
+}
+
+/* Every field, with its control.proto name (absent sub-messages are null). */
+static json_t *pb_to_json(const ProtobufCMessage *m) {
+    json_t *o = json_object();
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        const char *base = (const char *)m + f->offset;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)((const char *)m + f->quantifier_offset);
+            const char *arr = *(char *const *)base;
+            size_t sz = f->type == PROTOBUF_C_TYPE_MESSAGE || f->type == PROTOBUF_C_TYPE_STRING
+                            ? sizeof(void *)
+                        : f->type == PROTOBUF_C_TYPE_INT64 || f->type == PROTOBUF_C_TYPE_UINT64 ||
+                                f->type == PROTOBUF_C_TYPE_SINT64 ||
+                                f->type == PROTOBUF_C_TYPE_FIXED64 ||
+                                f->type == PROTOBUF_C_TYPE_SFIXED64 ||
+                                f->type == PROTOBUF_C_TYPE_DOUBLE
+                            ? 8
+                        : f->type == PROTOBUF_C_TYPE_BOOL  ? sizeof(protobuf_c_boolean)
+                        : f->type == PROTOBUF_C_TYPE_BYTES ? sizeof(ProtobufCBinaryData)
+                                                           : 4;
+            json_t *a = json_array();
+            for (size_t k = 0; k < n; k++) json_array_append_new(a, field_value(f, arr + k * sz));
+            json_object_set_new(o, f->name, a);
+        } else {
+            json_object_set_new(o, f->name, field_value(f, base));
+        }
+    }
+    return o;
+}
+
+static void print_json(const ProtobufCMessage *m) {
+    json_t *j = pb_to_json(m);
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (s) printf("%s\n", s);
+    free(s);
+    json_decref(j);
+}
+
+/* ------------------------------------------------------------------ calls */
+
+static int status_exit(const char *what, const rpc_status *st) {
+    fprintf(stderr, "stratactl: %s: %s: %s\n", what, rpc_code_name(st->code), st->msg);
+    if (st->code == RPC_UNAVAILABLE || st->code == RPC_DEADLINE_EXCEEDED) return EXIT_UNAVAILABLE;
+    return EXIT_SERVER;
+}
+
+/* One unary call; on success *out is the unpacked reply. Returns an exit code. */
+static int unary(rpc_client *c, const opts *o, const char *name, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *rdesc, ProtobufCMessage **out) {
+    size_t len = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return status_exit(name, &(rpc_status){RPC_RESOURCE_EXHAUSTED, "out of memory"});
+    protobuf_c_message_pack(req, buf);
+    char method[128];
+    snprintf(method, sizeof method, SVC "%s", name);
+    uint8_t *rep = NULL;
+    size_t rlen = 0;
+    rpc_status st;
+    int rc = rpc_client_unary(c, method, buf, len, o->timeout > 0 ? o->timeout : 10.0, &rep,
+                              &rlen, &st);
+    free(buf);
+    if (rc != 0) return status_exit(name, &st);
+    *out = protobuf_c_message_unpack(rdesc, NULL, rlen, rep);
+    free(rep);
+    if (!*out) {
+        fprintf(stderr, "stratactl: %s: the reply does not decode as %s\n", name, rdesc->name);
+        return EXIT_SERVER;
+    }
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ formatting */
+
+static const char *state_name(Strata__V1__NodeState s) {
+    switch (s) {
+    case STRATA__V1__NODE_STATE__NODE_STATE_REGISTERED: return "registered";
+    case STRATA__V1__NODE_STATE__NODE_STATE_READY: return "ready";
+    case STRATA__V1__NODE_STATE__NODE_STATE_SUSPECT: return "suspect";
+    case STRATA__V1__NODE_STATE__NODE_STATE_DEAD: return "dead";
+    case STRATA__V1__NODE_STATE__NODE_STATE_DRAINING: return "draining";
+    default: return "unknown";
+    }
+}
+
+static void fmt_bytes(char *out, size_t n, uint64_t b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    snprintf(out, n, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+}
+
+static void print_placement_table(const char *title, const Strata__V1__Placement *p) {
+    printf("%s: epoch %llu, %u layers, %zu stages\n", title, (unsigned long long)p->epoch,
+           p->n_layers, p->n_stages);
+    if (p->n_stages == 0) return;
+    printf("  %-6s %-20s %-10s %s\n", "STAGE", "NODE", "LAYERS", "TP");
+    for (size_t i = 0; i < p->n_stages; i++) {
+        const Strata__V1__Stage *s = p->stages[i];
+        char layers[32];
+        snprintf(layers, sizeof layers, "%u-%u", s->first_layer, s->last_layer);
+        printf("  %-6zu %-20s %-10s %u\n", i, s->node, layers, s->tp);
+    }
+}
+
+static void print_placement(const Strata__V1__PlacementReply *r) {
+    if (r->current) print_placement_table("current", r->current);
+    else printf("current: none\n");
+    if (r->pending) {
+        print_placement_table("pending", r->pending);
+        /* A live progress bar (polling GetPlacement while loading) is future work;
+         * for now one line per node. */
+        for (size_t i = 0; i < r->n_loading; i++) {
+            const Strata__V1__NodeLoad *l = r->loading[i];
+            double pct = l->bytes_total ? 100.0 * (double)l->bytes_loaded / (double)l->bytes_total
+                                        : 0.0;
+            printf("  loading %-20s %5.1f%%\n", l->node, pct);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ commands */
+
+static int cmd_status(rpc_client *c, const opts *o) {
+    Strata__V1__GetStatusRequest req = STRATA__V1__GET_STATUS_REQUEST__INIT;
+    Strata__V1__GetStatusReply *r = NULL;
+    int rc = unary(c, o, "GetStatus", &req.base, &strata__v1__get_status_reply__descriptor,
+                   (ProtobufCMessage **)&r);
+    if (rc) return rc;
+    if (o->json) {
+        print_json(&r->base);
+    } else {
+        printf("%-16s %s (%u layers)\n", "model", r->model, r->n_layers);
+        printf("%-16s %s\n", "serving", r->serving ? "yes" : "no");
+        printf("%-16s %llu (%u stages)\n", "placement epoch",
+               (unsigned long long)r->placement_epoch, r->n_stages);
+        printf("%-16s %u ready / %u total\n", "nodes", r->nodes_ready, r->nodes_total);
+        printf("%-16s %u sequences\n", "running", r->running_sequences);
+        printf("%-16s %.1f s\n", "uptime", r->uptime_s);
+        printf("%-16s %s\n", "version", r->version);
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return EXIT_OK;
+}
+
+static int cmd_nodes(rpc_client *c, const opts *o) {
+    Strata__V1__ListNodesRequest req = STRATA__V1__LIST_NODES_REQUEST__INIT;
+    Strata__V1__ListNodesReply *r = NULL;
+    int rc = unary(c, o, "ListNodes", &req.base, &strata__v1__list_nodes_reply__descriptor,
+                   (ProtobufCMessage **)&r);
+    if (rc) return rc;
+    if (o->json) {
+        print_json(&r->base);
+    } else {
+        printf("%-16s %-10s %7s  %-22s %-10s %-21s %7s %-13s %5s\n", "NAME", "STATE", "HB_AGE",
+               "DEVICES", "HOST_MEM", "DATA_ADDR", "RUNNING", "KV_USED/FREE", "BUSY");
+        for (size_t i = 0; i < r->n_nodes; i++) {
+            const Strata__V1__NodeInfo *n = r->nodes[i];
+            char devs[96] = "-", mem[32], age[16], kv[32], each[32];
+            size_t off = 0;
+            for (size_t d = 0; d < n->n_devices && off < sizeof devs; d++) {
+                fmt_bytes(each, sizeof each, n->devices[d]->memory_bytes);
+                off += (size_t)snprintf(devs + off, sizeof devs - off, "%s%ux %s %s",
+                                        d ? "," : "", n->devices[d]->count,
+                                        n->devices[d]->kind, each);
+            }
+            fmt_bytes(mem, sizeof mem, n->host_memory_bytes);
+            snprintf(age, sizeof age, "%.1fs", n->heartbeat_age_s);
+            snprintf(kv, sizeof kv, "%u/%u", n->kv_blocks_used, n->kv_blocks_free);
+            printf("%-16s %-10s %7s  %-22s %-10s %-21s %7u %-13s %4.0f%%\n", n->name,
+                   state_name(n->state), age, devs, mem,
+                   n->data_address[0] ? n->data_address : "-", n->running_sequences, kv,
+                   n->busy_fraction * 100.0);
+        }
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return EXIT_OK;
+}
+
+static int placement_reply(rpc_client *c, const opts *o, const char *name,
+                           const ProtobufCMessage *req) {
+    Strata__V1__PlacementReply *r = NULL;
+    int rc = unary(c, o, name, req, &strata__v1__placement_reply__descriptor,
+                   (ProtobufCMessage **)&r);
+    if (rc) return rc;
+    if (o->json) print_json(&r->base);
+    else print_placement(r);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return EXIT_OK;
+}
+
+static int parse_uint(const char *s, const char *end, uint32_t *out) {
+    if (s == end) return -1;
+    uint64_t v = 0;
+    for (const char *p = s; p < end; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+        if (v > 1000000) return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* "node-a:0-2,node-b:3-4" -> stages (node strings point into `buf`). */
+static int parse_stages(char *buf, Strata__V1__Stage *st, Strata__V1__Stage **ptrs, size_t max,
+                        size_t *n) {
+    *n = 0;
+    for (char *item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
+        char *colon = strrchr(item, ':');
+        if (!colon || colon == item || *n == max)
+            return usage_error("bad stage \"%s\" (want NODE:FIRST-LAST)", item);
+        *colon = '\0';
+        const char *range = colon + 1, *dash = strchr(range, '-');
+        strata__v1__stage__init(&st[*n]);
+        st[*n].node = item;
+        const char *end = range + strlen(range);
+        if (dash ? parse_uint(range, dash, &st[*n].first_layer) ||
+                       parse_uint(dash + 1, end, &st[*n].last_layer)
+                 : parse_uint(range, end, &st[*n].first_layer)) {
+            *colon = ':';
+            return usage_error("bad layer range in \"%s\" (want NODE:FIRST-LAST)", item);
+        }
+        if (!dash) st[*n].last_layer = st[*n].first_layer;
+        ptrs[*n] = &st[*n];
+        (*n)++;
+    }
+    if (*n == 0) return usage_error("%s", "--stages is empty");
+    return 0;
+}
+
+static int cmd_placement(rpc_client *c, const opts *o) {
+    const char *sub = o->n_words > 1 ? o->words[1] : "show";
+    if (!strcmp(sub, "show")) {
+        Strata__V1__GetPlacementRequest req = STRATA__V1__GET_PLACEMENT_REQUEST__INIT;
+        return placement_reply(c, o, "GetPlacement", &req.base);
+    }
+    if (!strcmp(sub, "auto")) {
+        Strata__V1__AutoPlacementRequest req = STRATA__V1__AUTO_PLACEMENT_REQUEST__INIT;
+        req.dry_run = o->dry_run;
+        return placement_reply(c, o, "AutoPlacement", &req.base);
+    }
+    if (!strcmp(sub, "set")) {
+        if (!o->stages) return usage_error("%s", "placement set needs --stages NODE:A-B[,...]");
+        char *buf = strdup(o->stages);
+        Strata__V1__Stage st[256], *ptrs[256];
+        size_t n = 0;
+        int rc = parse_stages(buf, st, ptrs, 256, &n);
+        if (rc == 0) {
+            Strata__V1__SetPlacementRequest req = STRATA__V1__SET_PLACEMENT_REQUEST__INIT;
+            req.stages = ptrs;
+            req.n_stages = n;
+            rc = placement_reply(c, o, "SetPlacement", &req.base);
+        }
+        free(buf);
+        return rc;
+    }
+    return usage_error("unknown placement command \"%s\" (show, set, auto)", sub);
+}
+
+static int cmd_drain(rpc_client *c, const opts *o) {
+    Strata__V1__DrainRequest req = STRATA__V1__DRAIN_REQUEST__INIT;
+    req.node = (char *)o->words[1];
+    Strata__V1__DrainReply *r = NULL;
+    int rc = unary(c, o, "Drain", &req.base, &strata__v1__drain_reply__descriptor,
+                   (ProtobufCMessage **)&r);
+    if (rc) return rc;
+    if (o->json) print_json(&r->base);
+    else
+        printf("%s: %s (placement epoch %llu)\n", r->node, state_name(r->state),
+               (unsigned long long)r->placement_epoch);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return EXIT_OK;
+}
+
+typedef struct gen_state {
+    const opts *o;
+    int bad;
+    int any_text;
+} gen_state;
+
+static int on_chunk(const uint8_t *msg, size_t len, void *ud) {
+    gen_state *g = ud;
+    Strata__V1__GenerateChunk *ch = strata__v1__generate_chunk__unpack(NULL, len, msg);
+    if (!ch) {
+        g->bad = 1;
+        return 1;
+    }
+    if (g->o->json) {
+        json_t *j = pb_to_json(&ch->base);
+        char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (s) printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        fputs(ch->text, stdout);
+        if (ch->text[0]) g->any_text = 1;
+    }
+    fflush(stdout);
+    strata__v1__generate_chunk__free_unpacked(ch, NULL);
+    return 0;
+}
+
+static int cmd_generate(rpc_client *c, const opts *o) {
+    Strata__V1__GenerateRequest req = STRATA__V1__GENERATE_REQUEST__INIT;
+    req.prompt = (char *)o->words[1];
+    req.max_tokens = (uint32_t)o->max_tokens;
+    size_t len = strata__v1__generate_request__get_packed_size(&req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return EXIT_SERVER;
+    strata__v1__generate_request__pack(&req, buf);
+    gen_state g = {o, 0, 0};
+    rpc_status st;
+    int rc = rpc_client_stream(c, SVC "Generate", buf, len, o->timeout > 0 ? o->timeout : 600.0,
+                               on_chunk, &g, &st);
+    free(buf);
+    if (!o->json && g.any_text) putchar('\n');
+    if (g.bad) {
+        fprintf(stderr, "stratactl: Generate: a chunk does not decode as strata.v1.GenerateChunk\n");
+        return EXIT_SERVER;
+    }
+    if (rc != 0) return status_exit("Generate", &st);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int parse_args(int argc, char **argv, opts *o) {
+    memset(o, 0, sizeof *o);
+    o->addr = getenv("STRATACTL_ADDR");
+    if (!o->addr || !*o->addr) o->addr = DEFAULT_ADDR;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--dry-run")) {
+            o->dry_run = 1;
+        } else if (!strcmp(a, "--addr") || !strcmp(a, "--timeout") || !strcmp(a, "--stages") ||
+                   !strcmp(a, "--max-tokens")) {
+            if (!val) return usage_error("%s needs a value", a);
+            i++;
+            char *end;
+            if (!strcmp(a, "--addr")) {
+                o->addr = val;
+            } else if (!strcmp(a, "--stages")) {
+                o->stages = val;
+            } else if (!strcmp(a, "--timeout")) {
+                errno = 0;
+                o->timeout = strtod(val, &end);
+                if (errno || *end || !(o->timeout > 0))
+                    return usage_error("--timeout wants seconds > 0, not \"%s\"", val);
+            } else {
+                errno = 0;
+                o->max_tokens = strtol(val, &end, 10);
+                if (errno || *end || o->max_tokens < 1 || o->max_tokens > 1000000)
+                    return usage_error("--max-tokens wants 1..1000000, not \"%s\"", val);
+            }
+        } else if (a[0] == '-' && a[1] != '\0') {
+            return usage_error("unknown option \"%s\"", a);
+        } else {
+            if (o->n_words == 4) return usage_error("unexpected argument \"%s\"", a);
+            o->words[o->n_words++] = a;
+        }
+    }
+    if (o->n_words == 0) return usage_error("%s", "no command");
+    const char *cmd = o->words[0];
+    int want_min = 1, want_max = 1;
+    if (!strcmp(cmd, "placement")) want_max = 2;
+    else if (!strcmp(cmd, "drain") || !strcmp(cmd, "generate")) want_min = want_max = 2;
+    else if (strcmp(cmd, "status") && strcmp(cmd, "nodes"))
+        return usage_error("unknown command \"%s\"", cmd);
+    if (o->n_words < want_min)
+        return usage_error("%s needs an argument", cmd);
+    if (o->n_words > want_max) return usage_error("too many arguments for %s", cmd);
+    if (!strcmp(cmd, "generate") && !o->words[1][0])
+        return usage_error("%s", "generate needs a non-empty PROMPT");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage_text, stdout);
+            return EXIT_OK;
+        }
+    }
+    opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    st_err err;
+    rpc_client *c = rpc_client_create(o.addr, &err);
+    if (!c) {
+        fprintf(stderr, "stratactl: %s\n", err.msg);
+        return EXIT_UNAVAILABLE;
+    }
+    const char *cmd = o.words[0];
+    if (!strcmp(cmd, "status")) rc = cmd_status(c, &o);
+    else if (!strcmp(cmd, "nodes")) rc = cmd_nodes(c, &o);
+    else if (!strcmp(cmd, "placement")) rc = cmd_placement(c, &o);
+    else if (!strcmp(cmd, "drain")) rc = cmd_drain(c, &o);
+    else rc = cmd_generate(c, &o);
+    rpc_client_destroy(c);
+    return rc;
+}
