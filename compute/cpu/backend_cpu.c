@@ -2,6 +2,7 @@
  * cpu_matmul for the linear layers, compute/cpu/ops.c for the rest, each op
  * split over this rank's own st_pool. */
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #include "common/dtype.h"
@@ -57,6 +58,18 @@ static int cpu_memcpy(backend *b, void *dst, const void *src, size_t bytes, st_e
     return 0;
 }
 
+/* Large weights go on 2 MiB-aligned memory with transparent huge pages asked
+ * for: decode streams every weight once per token, and 4 KiB pages cost a TLB
+ * miss every 4 KiB of that stream. */
+#define WEIGHT_HUGE_ALIGN ((size_t)2 << 20)
+static void *weight_alloc(size_t n) {
+    if (n < WEIGHT_HUGE_ALIGN) return malloc(n);
+    size_t rounded = (n + WEIGHT_HUGE_ALIGN - 1) & ~(WEIGHT_HUGE_ALIGN - 1);
+    void *p = aligned_alloc(WEIGHT_HUGE_ALIGN, rounded);
+    if (p) madvise(p, rounded, MADV_HUGEPAGE);
+    return p;
+}
+
 static int cpu_weight_upload(backend *b, backend_weight *w, uint32_t type, int64_t rows,
                              int64_t cols, const void *src, st_err *err) {
     size_t rb = ggml_row_bytes(type, cols);
@@ -64,7 +77,7 @@ static int cpu_weight_upload(backend *b, backend_weight *w, uint32_t type, int64
         return st_errf(err, "cpu backend: cannot hold a %lld x %lld %s weight", (long long)rows,
                        (long long)cols, ggml_type_name(type));
     size_t n = rb * (size_t)rows;
-    void *p = malloc(n);
+    void *p = weight_alloc(n);
     if (!p) return st_errf(err, "cpu backend: out of memory for a %zu-byte weight", n);
     memcpy(p, src, n);
     w->data = p;

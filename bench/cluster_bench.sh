@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# cluster_bench.sh — issue 5's speed figures (a benchmark: figures, not pass/fail).
+#
+#   bench/cluster_bench.sh [--gen N] [--build DIR] [--model FILE]
+#
+# On bench-1b F16 (generated with `strata-gguf synth --preset bench-1b` into
+# the build dir when missing; --model or $BENCH_MODEL to use another file):
+#  1. decode tok/s, batch 1: strata-bench in one process with 2 threads, vs a
+#     PP 2 cluster (coordinator + two strata-worker processes, TP 1, 1 thread
+#     each: the same 2 cores) serving one streaming completion over HTTP
+#     (tokens after the first / time from the first to the last token);
+#  2. throughput with 8 sequences: strata-bench --batch 8 vs 8 concurrent
+#     completions on the cluster (aggregate decode tok/s);
+#  3. per-hop activation latency: the cluster's mean micro-batch round trip
+#     (coordinator -> stage 0 -> stage 1 -> coordinator) minus both stages'
+#     mean forward time, over its 3 hops; next to strata-bench-xport's one-hop
+#     latency and ucx_perftest's (ucp_am_lat) at the activation size of one
+#     token (n_embd x 4 bytes, f32).
+# Release build (default build/, made with cmake if needed). UCX_TLS=tcp unless set.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+gen=32
+build=build
+model="${BENCH_MODEL:-}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --gen) gen="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --model) model="$2"; shift 2 ;;
+    *) echo "usage: $0 [--gen N] [--build DIR] [--model FILE]" >&2; exit 2 ;;
+  esac
+done
+export UCX_TLS="${UCX_TLS:-tcp}"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j "$(nproc)" --target strata-coordinator strata-worker strata-bench \
+    strata-bench-xport strata-gguf >/dev/null
+if [ -z "$model" ]; then
+  model="$root/$build/bench-1b.gguf"
+  if [ ! -f "$model" ]; then
+    echo "# generating $model (strata-gguf synth --preset bench-1b)"
+    "$build/cli/strata-gguf" synth --preset bench-1b --out "$model" >/dev/null
+  fi
+fi
+n_embd=$("$build/cli/strata-gguf" inspect "$model" | sed -n 's/.*embedding_length = \([0-9]*\).*/\1/p')
+act_bytes=$((n_embd * 4))
+echo "# model $model (n_embd $n_embd), $gen generated tokens, UCX_TLS=$UCX_TLS, $(nproc) CPUs"
+
+tmp="$(mktemp -d)"
+pids=()
+cleanup() {
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "## single process (strata-bench, 2 threads)"
+for b in 1 8; do
+  "$build/bench/strata-bench" --model "$model" --batch $b --prompt-len 16 --gen "$gen" --threads 2 \
+      --reps 2 --json > "$tmp/sp$b.json"
+  /usr/bin/python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = d.get("results", d)
+if isinstance(r, list): r = r[0]
+def g(*ks):
+    for k in ks:
+        if k in r: return r[k]
+    return float("nan")
+print("single process, batch %s: decode %.2f tok/s" % (sys.argv[2], g("decode_tok_s", "decode_tps", "decode")))
+' "$tmp/sp$b.json" "$b" || cat "$tmp/sp$b.json"
+done
+
+echo "## PP 2 cluster (2 workers x 1 thread, TP 1)"
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+p0=$(free_port); p1=$(free_port); http=$(free_port)
+cat > "$tmp/cluster.ini" <<EOF
+[cluster]
+model = $model
+listen = 127.0.0.1:$http
+kv_blocks = 256
+[stage.0]
+address = 127.0.0.1:$p0
+[stage.1]
+address = 127.0.0.1:$p1
+EOF
+"$build/daemon/strata-worker" --listen "127.0.0.1:$p0" --threads 1 >"$tmp/w0.log" 2>&1 & pids+=($!)
+"$build/daemon/strata-worker" --listen "127.0.0.1:$p1" --threads 1 >"$tmp/w1.log" 2>&1 & pids+=($!)
+"$build/coordinator/strata-coordinator" --config "$tmp/cluster.ini" --ready-timeout 600 \
+    >"$tmp/c.out" 2>"$tmp/c.log" & pids+=($!)
+for _ in $(seq 6000); do
+  curl -sf "http://127.0.0.1:$http/health" >/dev/null 2>&1 && break
+  kill -0 "${pids[2]}" 2>/dev/null || { tail "$tmp/c.log"; exit 1; }
+  sleep 0.1
+done
+/usr/bin/python3 - "$http" "$gen" <<'EOF'
+import http.client, json, sys, threading, time
+port, gen = int(sys.argv[1]), int(sys.argv[2])
+prompt = "Once upon a time there was a little robot who"
+def stages():
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("GET", "/v1/stages"); d = json.loads(c.getresponse().read()); c.close(); return d
+def stream(out, i):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
+    body = json.dumps({"prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
+                       "stream": True, "return_token_ids": True})
+    c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    r = c.getresponse(); stamps = []; n = 0
+    for line in r:
+        line = line.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]": continue
+        k = len(json.loads(line[6:])["choices"][0].get("token_ids", []))
+        if k: n += k; stamps.append(time.time())
+    out[i] = (stamps[0], stamps[-1], n)
+def run(n_seq):
+    out = [None] * n_seq
+    ts = [threading.Thread(target=stream, args=(out, i)) for i in range(n_seq)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    first = min(o[0] for o in out); last = max(o[1] for o in out)
+    return sum(o[2] - 1 for o in out) / (last - first)
+run(1)  # warm-up
+s0 = stages()
+r1 = run(1)
+s1 = stages()
+r8 = run(8)
+s2 = stages()
+print("cluster PP2, 1 sequence: decode %.2f tok/s" % r1)
+print("cluster PP2, 8 sequences: decode %.2f tok/s (aggregate)" % r8)
+# Per-hop latency from the 1-sequence run: round trip minus both forwards, over 3 hops.
+nb = s1["batches_launched"] - s0["batches_launched"]
+rtt = (s1["batch_round_trip_ms"] * s1["batches_launched"] - s0["batch_round_trip_ms"] * s0["batches_launched"]) / nb
+fwd = sum((b["busy_seconds"] - a["busy_seconds"]) / max(1, b["forwards"] - a["forwards"])
+          for a, b in zip(s0["stages"], s1["stages"])) * 1e3
+print("cluster PP2, batch 1: mean round trip %.3f ms, forwards %.3f ms (both stages), "
+      "per hop %.1f us" % (rtt, fwd, (rtt - fwd) / 3 * 1e3))
+print("busy fractions during the 8-sequence run: %s" % [round(x["busy_fraction"], 3) for x in s2["stages"]])
+EOF
+
+echo "## one-hop latency at the activation size ($act_bytes B per token)"
+"$build/bench/strata-bench-xport" 2>/dev/null | grep -Ei "latency|bytes|^ *[0-9]" | head -12 || true
+port=$(free_port)
+ucx_perftest -t ucp_am_lat -s "$act_bytes" -n 2000 -w 200 -p "$port" >/dev/null 2>&1 & pids+=($!)
+sleep 1
+ucx_perftest 127.0.0.1 -t ucp_am_lat -s "$act_bytes" -n 2000 -w 200 -p "$port" 2>/dev/null | tail -3 || true
