@@ -22,7 +22,7 @@
 #define RETRY_S 0.25
 #define STATS_PERIOD_S 0.1
 
-typedef Strata__V1__Control ctl_msg;
+typedef Strata__V1__ControlMessage ctl_msg;
 
 enum link_state { LINK_DOWN, LINK_ASSIGNED, LINK_READY, LINK_LOST };
 
@@ -117,10 +117,10 @@ static void pump_soon(cluster *c) {
 }
 
 static int send_control(cluster *c, stage_link *l, const ctl_msg *m) {
-    size_t n = strata__v1__control__get_packed_size(m);
+    size_t n = strata__v1__control_message__get_packed_size(m);
     uint8_t *buf = malloc(n ? n : 1);
     if (!buf) return -1;
-    strata__v1__control__pack(m, buf);
+    strata__v1__control_message__pack(m, buf);
     frame_header h = STRATA__V1__FRAME_HEADER__INIT;
     h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
     h.epoch = CLUSTER_EPOCH;
@@ -423,8 +423,8 @@ static void send_assign(cluster *c, stage_link *l) {
     a.act_dtype = c->cfg->act_dtype == COORD_ACT_BF16 ? STRATA__V1__DTYPE__DTYPE_BF16
                                                       : STRATA__V1__DTYPE__DTYPE_F32;
     a.next_hop = next;
-    ctl_msg m = STRATA__V1__CONTROL__INIT;
-    m.msg_case = STRATA__V1__CONTROL__MSG_ASSIGN;
+    ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN;
     m.assign = &a;
     ST_INFO("cluster: assigning stage %d (layers [%d, %d), TP %d) to %s:%d, next hop %s", l->index,
             l->range.first, l->range.last, l->tp, l->host, l->port, next[0] ? next : "(coordinator)");
@@ -463,14 +463,14 @@ static void all_ready(cluster *c) {
 }
 
 static void on_control(cluster *c, stage_link *l, const frame_header *h) {
-    ctl_msg *m = strata__v1__control__unpack(NULL, h->control.len, h->control.data);
+    ctl_msg *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
     if (!m) {
         ST_WARN("cluster: undecodable CONTROL from stage %d (%s:%d); dropped", l->index, l->host,
                 l->port);
         return;
     }
     switch (m->msg_case) {
-    case STRATA__V1__CONTROL__MSG_READY: {
+    case STRATA__V1__CONTROL_MESSAGE__MSG_READY: {
         const Strata__V1__StageReady *r = m->ready;
         if (r->epoch != CLUSTER_EPOCH || r->stage != (uint32_t)l->index) {
             ST_WARN("cluster: StageReady for epoch %llu stage %u from %s:%d; dropped",
@@ -493,7 +493,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         if (n_ready == c->n_stages && !c->ready && !c->failed) all_ready(c);
         break;
     }
-    case STRATA__V1__CONTROL__MSG_STATS: {
+    case STRATA__V1__CONTROL_MESSAGE__MSG_STATS: {
         const Strata__V1__StageStats *s = m->stats;
         if (!l->have_stats) {
             l->prev_busy_s = 0;
@@ -507,11 +507,11 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         l->queue_depth = s->queue_depth;
         break;
     }
-    case STRATA__V1__CONTROL__MSG_BATCH_DONE:
+    case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_DONE:
         if (l->index == c->n_stages - 1 && m->batch_done->epoch == CLUSTER_EPOCH)
             on_batch_result(c, m->batch_done->batch_id, NULL, 0, NULL);
         break;
-    case STRATA__V1__CONTROL__MSG_BATCH_ERROR: {
+    case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_ERROR: {
         char msg[ST_ERR_MSG_MAX];
         snprintf(msg, sizeof msg, "stage %u failed the batch: %s", m->batch_error->stage,
                  m->batch_error->error ? m->batch_error->error : "");
@@ -524,7 +524,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         ST_WARN("cluster: unexpected CONTROL message %d from stage %d; dropped", (int)m->msg_case,
                 l->index);
     }
-    strata__v1__control__free_unpacked(m, NULL);
+    strata__v1__control_message__free_unpacked(m, NULL);
 }
 
 static void x_on_connect(xport_peer *peer, bool inbound, void *ud) {
@@ -623,8 +623,8 @@ static void on_stats_timer(evutil_socket_t fd, short what, void *arg) {
     for (int i = 0; i < c->n_stages; i++) {
         Strata__V1__StatsRequest q = STRATA__V1__STATS_REQUEST__INIT;
         q.request_id = ++c->stats_req_id;
-        ctl_msg m = STRATA__V1__CONTROL__INIT;
-        m.msg_case = STRATA__V1__CONTROL__MSG_STATS_REQUEST;
+        ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+        m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST;
         m.stats_request = &q;
         send_control(c, &c->links[i], &m);
     }

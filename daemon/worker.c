@@ -24,7 +24,7 @@
 #define BACKOFF_MIN_S 0.1
 #define BACKOFF_MAX_S 5.0
 
-typedef Strata__V1__Control ctl_msg;
+typedef Strata__V1__ControlMessage ctl_msg;
 typedef Strata__V1__StageAssign ctl_assign;
 
 enum wstate { W_IDLE, W_LOADING, W_READY, W_FAILED };
@@ -218,13 +218,13 @@ static const char *dtype_name(int d)
 static int send_control(worker *w, xport_peer *peer, const ctl_msg *m, uint64_t epoch, uint64_t batch_id)
 {
     if (!peer) return -1;
-    size_t n = strata__v1__control__get_packed_size(m);
+    size_t n = strata__v1__control_message__get_packed_size(m);
     uint8_t *buf = malloc(n ? n : 1);
     if (!buf) {
         ST_ERROR("worker: out of memory for a CONTROL reply");
         return -1;
     }
-    strata__v1__control__pack(m, buf);
+    strata__v1__control_message__pack(m, buf);
     frame_header h = STRATA__V1__FRAME_HEADER__INIT;
     h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
     h.batch_id = batch_id;
@@ -257,8 +257,8 @@ static void reply_ready(worker *w, xport_peer *peer, uint64_t epoch, uint32_t st
         r.n_layer = w->info.n_layer;
         r.load_seconds = w->info.load_seconds;
     }
-    ctl_msg m = STRATA__V1__CONTROL__INIT;
-    m.msg_case = STRATA__V1__CONTROL__MSG_READY;
+    ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_READY;
     m.ready = &r;
     if (!peer) {
         ST_WARN("worker: no coordinator connected for StageReady (epoch %llu)", (unsigned long long)epoch);
@@ -289,8 +289,8 @@ static void batch_error(worker *w, const struct job *j, const char *msg)
     e.seq_ids = ids;
     e.n_seq_ids = h->n_seqs;
     e.error = (char *)msg;
-    ctl_msg m = STRATA__V1__CONTROL__INIT;
-    m.msg_case = STRATA__V1__CONTROL__MSG_BATCH_ERROR;
+    ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_ERROR;
     m.batch_error = &e;
     send_control(w, w->coord, &m, h->epoch, h->batch_id);
     free(ids);
@@ -333,8 +333,8 @@ static void send_stats(worker *w, xport_peer *peer, uint64_t request_id)
     }
     s.ranks = rp;
     s.n_ranks = (size_t)cs.n_ranks;
-    ctl_msg m = STRATA__V1__CONTROL__INIT;
-    m.msg_case = STRATA__V1__CONTROL__MSG_STATS;
+    ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_STATS;
     m.stats = &s;
     send_control(w, peer, &m, w->cur.epoch, 0);
 }
@@ -536,17 +536,17 @@ out:
 
 static void handle_control(worker *w, xport_peer *peer, const frame_header *h)
 {
-    ctl_msg *m = strata__v1__control__unpack(NULL, h->control.len, h->control.data);
+    ctl_msg *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
     if (!m) {
         unexpected(w, peer, "undecodable CONTROL message (%zu bytes)", h->control.len);
         return;
     }
     switch (m->msg_case) {
-    case STRATA__V1__CONTROL__MSG_ASSIGN: handle_assign(w, peer, m->assign); break;
-    case STRATA__V1__CONTROL__MSG_STATS_REQUEST: send_stats(w, peer, m->stats_request->request_id); break;
+    case STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN: handle_assign(w, peer, m->assign); break;
+    case STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST: send_stats(w, peer, m->stats_request->request_id); break;
     default: unexpected(w, peer, "CONTROL message %d is not for a worker", (int)m->msg_case); break;
     }
-    strata__v1__control__free_unpacked(m, NULL);
+    strata__v1__control_message__free_unpacked(m, NULL);
 }
 
 /* ---------------------------------------------------------------- ACTIVATIONS */
@@ -720,8 +720,8 @@ static void send_tokens(worker *w, struct job *j)
         d.stage = w->cur.stage;
         d.batch_id = c->batch_id;
         d.n_tokens = j->cj.batch.n_tokens;
-        ctl_msg m = STRATA__V1__CONTROL__INIT;
-        m.msg_case = STRATA__V1__CONTROL__MSG_BATCH_DONE;
+        ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+        m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_DONE;
         m.batch_done = &d;
         send_control(w, w->coord, &m, c->epoch, c->batch_id);
         return;

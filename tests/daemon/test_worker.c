@@ -251,10 +251,10 @@ static void on_frame(xport_peer *p, const frame_header *h, const void *payload, 
         CHECK_MSG(0, "unexpected frame kind %d from a worker", (int)h->kind);
         return;
     }
-    Strata__V1__Control *m = strata__v1__control__unpack(NULL, h->control.len, h->control.data);
+    Strata__V1__ControlMessage *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
     REQUIRE(m);
     switch (m->msg_case) {
-    case STRATA__V1__CONTROL__MSG_READY: {
+    case STRATA__V1__CONTROL_MESSAGE__MSG_READY: {
         const Strata__V1__StageReady *r = m->ready;
         c->n_ready++;
         c->ready_ok = r->ok;
@@ -266,25 +266,25 @@ static void on_frame(xport_peer *p, const frame_header *h, const void *payload, 
         c->ready_weight_bytes = r->weight_bytes;
         break;
     }
-    case STRATA__V1__CONTROL__MSG_STATS:
+    case STRATA__V1__CONTROL_MESSAGE__MSG_STATS:
         c->n_stats++;
         if (c->stats) strata__v1__stage_stats__free_unpacked(c->stats, NULL);
         c->stats = m->stats;
         m->stats = NULL; /* keep it */
-        m->msg_case = STRATA__V1__CONTROL__MSG__NOT_SET;
+        m->msg_case = STRATA__V1__CONTROL_MESSAGE__MSG__NOT_SET;
         break;
-    case STRATA__V1__CONTROL__MSG_BATCH_ERROR:
+    case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_ERROR:
         c->n_batch_error++;
         c->batch_error_id = m->batch_error->batch_id;
         snprintf(c->batch_error_msg, sizeof c->batch_error_msg, "%s", m->batch_error->error);
         break;
-    case STRATA__V1__CONTROL__MSG_BATCH_DONE:
+    case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_DONE:
         c->n_batch_done++;
         c->batch_done_id = m->batch_done->batch_id;
         break;
     default: CHECK_MSG(0, "unexpected CONTROL %d", (int)m->msg_case); break;
     }
-    strata__v1__control__free_unpacked(m, NULL);
+    strata__v1__control_message__free_unpacked(m, NULL);
 }
 
 static void tick(evutil_socket_t fd, short what, void *arg) {}
@@ -317,11 +317,11 @@ static bool a_batch_error(void *arg) { return g.w[0].n_batch_error >= 1; }
 static bool b_batch_done(void *arg) { return g.w[1].n_batch_done >= 1; }
 static bool stats_in(void *arg) { return g.w[0].n_stats >= 1 && g.w[1].n_stats >= 1; }
 
-static void send_control(xport_peer *p, const Strata__V1__Control *m)
+static void send_control(xport_peer *p, const Strata__V1__ControlMessage *m)
 {
-    size_t n = strata__v1__control__get_packed_size(m);
+    size_t n = strata__v1__control_message__get_packed_size(m);
     uint8_t *buf = malloc(n ? n : 1);
-    strata__v1__control__pack(m, buf);
+    strata__v1__control_message__pack(m, buf);
     frame_header h = STRATA__V1__FRAME_HEADER__INIT;
     h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
     h.control.data = buf;
@@ -346,8 +346,8 @@ static void send_assign_ex(struct conn *c, uint64_t epoch, uint32_t stage, const
     a.block_size = BLOCK_SIZE;
     a.act_dtype = act_dtype;
     a.next_hop = (char *)next_hop;
-    Strata__V1__Control m = STRATA__V1__CONTROL__INIT;
-    m.msg_case = STRATA__V1__CONTROL__MSG_ASSIGN;
+    Strata__V1__ControlMessage m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN;
     m.assign = &a;
     send_control(c->p, &m);
 }
@@ -626,8 +626,8 @@ int main(int argc, char **argv)
 
     /* 5. stats */
     Strata__V1__StatsRequest sr = STRATA__V1__STATS_REQUEST__INIT;
-    Strata__V1__Control m = STRATA__V1__CONTROL__INIT;
-    m.msg_case = STRATA__V1__CONTROL__MSG_STATS_REQUEST;
+    Strata__V1__ControlMessage m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST;
     m.stats_request = &sr;
     sr.request_id = 42;
     send_control(g.w[0].p, &m);
