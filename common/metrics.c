@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strbuf.h"
+
 struct metrics_series {
     metrics_family *fam;
     char *values[METRICS_MAX_LABELS];
@@ -38,53 +40,26 @@ struct metrics_registry {
     void *collect_ud;
 };
 
-/* ---- small string builder ---------------------------------------------- */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
-
-static void sb_double(sbuf *b, double v) {
+static void sb_double(st_strbuf *b, double v) {
     char tmp[40];
     int n = metrics_format_double(tmp, sizeof tmp, v);
-    sb_putn(b, tmp, (size_t)n);
+    st_strbuf_putn(b, tmp, (size_t)n);
 }
 
-static void sb_u64(sbuf *b, uint64_t v) {
+static void sb_u64(st_strbuf *b, uint64_t v) {
     char tmp[24];
     int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
-    sb_putn(b, tmp, (size_t)n);
+    st_strbuf_putn(b, tmp, (size_t)n);
 }
 
 /* Label values: \ -> \\, " -> \", newline -> \n. Help: the same without quotes. */
-static void sb_escaped(sbuf *b, const char *s, bool quote) {
+static void sb_escaped(st_strbuf *b, const char *s, bool quote) {
     for (const char *p = s; *p; p++) {
-        if (*p == '\\') sb_puts(b, "\\\\");
-        else if (*p == '\n') sb_puts(b, "\\n");
-        else if (*p == '"' && quote) sb_puts(b, "\\\"");
-        else sb_putn(b, p, 1);
+        if (*p == '\\') st_strbuf_puts(b, "\\\\");
+        else if (*p == '\n') st_strbuf_puts(b, "\\n");
+        else if (*p == '"' && quote) st_strbuf_puts(b, "\\\"");
+        else st_strbuf_putn(b, p, 1);
     }
 }
 
@@ -428,46 +403,46 @@ void metrics_family_reset(metrics_family *f) {
 /* ---- rendering ---------------------------------------------------------- */
 
 /* Writes {a="x",b="y"[,le="..."]} (nothing when there are no labels at all). */
-static void sb_labels(sbuf *b, const metrics_family *f, const metrics_series *s,
+static void sb_labels(st_strbuf *b, const metrics_family *f, const metrics_series *s,
                       const char *le) {
     if (f->n_labels == 0 && !le) return;
-    sb_puts(b, "{");
+    st_strbuf_puts(b, "{");
     for (size_t i = 0; i < f->n_labels; i++) {
-        if (i) sb_puts(b, ",");
-        sb_puts(b, f->labels[i]);
-        sb_puts(b, "=\"");
+        if (i) st_strbuf_puts(b, ",");
+        st_strbuf_puts(b, f->labels[i]);
+        st_strbuf_puts(b, "=\"");
         sb_escaped(b, s->values[i], true);
-        sb_puts(b, "\"");
+        st_strbuf_puts(b, "\"");
     }
     if (le) {
-        if (f->n_labels) sb_puts(b, ",");
-        sb_puts(b, "le=\"");
-        sb_puts(b, le);
-        sb_puts(b, "\"");
+        if (f->n_labels) st_strbuf_puts(b, ",");
+        st_strbuf_puts(b, "le=\"");
+        st_strbuf_puts(b, le);
+        st_strbuf_puts(b, "\"");
     }
-    sb_puts(b, "}");
+    st_strbuf_puts(b, "}");
 }
 
-static void render_family(sbuf *b, metrics_family *f) {
+static void render_family(st_strbuf *b, metrics_family *f) {
     static const char *type_names[] = {"counter", "gauge", "histogram"};
-    sb_puts(b, "# HELP ");
-    sb_puts(b, f->name);
-    sb_puts(b, " ");
+    st_strbuf_puts(b, "# HELP ");
+    st_strbuf_puts(b, f->name);
+    st_strbuf_puts(b, " ");
     sb_escaped(b, f->help, false);
-    sb_puts(b, "\n# TYPE ");
-    sb_puts(b, f->name);
-    sb_puts(b, " ");
-    sb_puts(b, type_names[f->type]);
-    sb_puts(b, "\n");
+    st_strbuf_puts(b, "\n# TYPE ");
+    st_strbuf_puts(b, f->name);
+    st_strbuf_puts(b, " ");
+    st_strbuf_puts(b, type_names[f->type]);
+    st_strbuf_puts(b, "\n");
     pthread_mutex_lock(&f->mu);
     for (size_t i = 0; i < f->n_series; i++) {
         metrics_series *s = f->series[i];
         if (f->type != METRICS_HISTOGRAM) {
-            sb_puts(b, f->name);
+            st_strbuf_puts(b, f->name);
             sb_labels(b, f, s, NULL);
-            sb_puts(b, " ");
+            st_strbuf_puts(b, " ");
             sb_double(b, s->value);
-            sb_puts(b, "\n");
+            st_strbuf_puts(b, "\n");
             continue;
         }
         uint64_t cum = 0;
@@ -476,25 +451,25 @@ static void render_family(sbuf *b, metrics_family *f) {
             if (k < f->n_bounds) metrics_format_double(le, sizeof le, f->bounds[k]);
             else snprintf(le, sizeof le, "+Inf");
             cum += s->buckets[k];
-            sb_puts(b, f->name);
-            sb_puts(b, "_bucket");
+            st_strbuf_puts(b, f->name);
+            st_strbuf_puts(b, "_bucket");
             sb_labels(b, f, s, le);
-            sb_puts(b, " ");
+            st_strbuf_puts(b, " ");
             sb_u64(b, cum);
-            sb_puts(b, "\n");
+            st_strbuf_puts(b, "\n");
         }
-        sb_puts(b, f->name);
-        sb_puts(b, "_sum");
+        st_strbuf_puts(b, f->name);
+        st_strbuf_puts(b, "_sum");
         sb_labels(b, f, s, NULL);
-        sb_puts(b, " ");
+        st_strbuf_puts(b, " ");
         sb_double(b, s->sum);
-        sb_puts(b, "\n");
-        sb_puts(b, f->name);
-        sb_puts(b, "_count");
+        st_strbuf_puts(b, "\n");
+        st_strbuf_puts(b, f->name);
+        st_strbuf_puts(b, "_count");
         sb_labels(b, f, s, NULL);
-        sb_puts(b, " ");
+        st_strbuf_puts(b, " ");
         sb_u64(b, s->count);
-        sb_puts(b, "\n");
+        st_strbuf_puts(b, "\n");
     }
     pthread_mutex_unlock(&f->mu);
 }
@@ -510,8 +485,8 @@ char *metrics_render(metrics_registry *r, size_t *len_out, st_err *err) {
     pthread_mutex_unlock(&r->mu);
     if (fn) fn(r, ud);
 
-    sbuf b = {0};
-    sb_puts(&b, "");
+    st_strbuf b = {0};
+    st_strbuf_puts(&b, "");
     pthread_mutex_lock(&r->mu);
     for (size_t i = 0; i < r->n_fams; i++) render_family(&b, r->fams[i]);
     pthread_mutex_unlock(&r->mu);

@@ -10,41 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strbuf.h"
+
 #include "common/log.h"
 
-/* A growing byte buffer; on allocation failure `oom` is set and appends stop. */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
 
 /* Appends s without leading/trailing whitespace (isspace, as llama.cpp's trim). */
-static void sb_put_trimmed(sbuf *b, const char *s) {
+static void sb_put_trimmed(st_strbuf *b, const char *s) {
     size_t start = 0, end = strlen(s);
     while (start < end && isspace((unsigned char)s[start])) start++;
     while (end > start && isspace((unsigned char)s[end - 1])) end--;
-    sb_putn(b, s + start, end - start);
+    st_strbuf_putn(b, s + start, end - start);
 }
 
 static const struct {
@@ -137,60 +113,60 @@ const char *chat_format_turn_end(enum chat_format fmt) {
     }
 }
 
-static void render_plain(sbuf *b, const chat_message *m, const enum chat_role *r, size_t n,
+static void render_plain(st_strbuf *b, const chat_message *m, const enum chat_role *r, size_t n,
                          bool add_gen) {
     static const char *labels[] = {"System: ", "User: ", "Assistant: "};
     for (size_t i = 0; i < n; i++) {
-        sb_puts(b, labels[r[i]]);
-        sb_puts(b, m[i].content);
-        sb_puts(b, "\n");
+        st_strbuf_puts(b, labels[r[i]]);
+        st_strbuf_puts(b, m[i].content);
+        st_strbuf_puts(b, "\n");
     }
-    if (add_gen) sb_puts(b, "Assistant:");
+    if (add_gen) st_strbuf_puts(b, "Assistant:");
 }
 
-static void render_chatml(sbuf *b, const chat_message *m, size_t n, bool add_gen) {
+static void render_chatml(st_strbuf *b, const chat_message *m, size_t n, bool add_gen) {
     for (size_t i = 0; i < n; i++) {
-        sb_puts(b, "<|im_start|>");
-        sb_puts(b, m[i].role);
-        sb_puts(b, "\n");
-        sb_puts(b, m[i].content);
-        sb_puts(b, "<|im_end|>\n");
+        st_strbuf_puts(b, "<|im_start|>");
+        st_strbuf_puts(b, m[i].role);
+        st_strbuf_puts(b, "\n");
+        st_strbuf_puts(b, m[i].content);
+        st_strbuf_puts(b, "<|im_end|>\n");
     }
-    if (add_gen) sb_puts(b, "<|im_start|>assistant\n");
+    if (add_gen) st_strbuf_puts(b, "<|im_start|>assistant\n");
 }
 
-static void render_llama3(sbuf *b, const chat_message *m, size_t n, bool add_gen) {
+static void render_llama3(st_strbuf *b, const chat_message *m, size_t n, bool add_gen) {
     for (size_t i = 0; i < n; i++) {
-        sb_puts(b, "<|start_header_id|>");
-        sb_puts(b, m[i].role);
-        sb_puts(b, "<|end_header_id|>\n\n");
+        st_strbuf_puts(b, "<|start_header_id|>");
+        st_strbuf_puts(b, m[i].role);
+        st_strbuf_puts(b, "<|end_header_id|>\n\n");
         sb_put_trimmed(b, m[i].content);
-        sb_puts(b, "<|eot_id|>");
+        st_strbuf_puts(b, "<|eot_id|>");
     }
-    if (add_gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (add_gen) st_strbuf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* https://huggingface.co/blog/llama2#how-to-prompt-llama-2, as llama.cpp renders it. */
-static void render_llama2(sbuf *b, enum chat_format fmt, const chat_message *m,
+static void render_llama2(st_strbuf *b, enum chat_format fmt, const chat_message *m,
                           const enum chat_role *r, size_t n) {
     bool sys_block = fmt != CHAT_FORMAT_LLAMA2;
     bool bos_inside = fmt == CHAT_FORMAT_LLAMA2_SYS_BOS;
     bool strip = fmt == CHAT_FORMAT_LLAMA2_SYS_STRIP;
     bool inside_turn = true; /* the first "[INST] " is written up front (BOS is the tokenizer's) */
-    sb_puts(b, "[INST] ");
+    st_strbuf_puts(b, "[INST] ");
     for (size_t i = 0; i < n; i++) {
         if (!inside_turn) {
             inside_turn = true;
-            sb_puts(b, bos_inside ? "<s>[INST] " : "[INST] ");
+            st_strbuf_puts(b, bos_inside ? "<s>[INST] " : "[INST] ");
         }
-        if (r[i] == CHAT_ROLE_SYSTEM && sys_block) sb_puts(b, "<<SYS>>\n");
+        if (r[i] == CHAT_ROLE_SYSTEM && sys_block) st_strbuf_puts(b, "<<SYS>>\n");
         if (strip) sb_put_trimmed(b, m[i].content);
-        else sb_puts(b, m[i].content);
+        else st_strbuf_puts(b, m[i].content);
         switch (r[i]) {
-        case CHAT_ROLE_SYSTEM: sb_puts(b, sys_block ? "\n<</SYS>>\n\n" : "\n"); break;
-        case CHAT_ROLE_USER: sb_puts(b, " [/INST]"); break;
+        case CHAT_ROLE_SYSTEM: st_strbuf_puts(b, sys_block ? "\n<</SYS>>\n\n" : "\n"); break;
+        case CHAT_ROLE_USER: st_strbuf_puts(b, " [/INST]"); break;
         case CHAT_ROLE_ASSISTANT:
-            sb_puts(b, "</s>");
+            st_strbuf_puts(b, "</s>");
             inside_turn = false;
             break;
         }
@@ -220,8 +196,8 @@ char *chat_apply(enum chat_format fmt, const chat_message *msgs, size_t n,
             return NULL;
         }
     }
-    sbuf b = {0};
-    sb_puts(&b, ""); /* an empty rendering is still a valid string */
+    st_strbuf b = {0};
+    st_strbuf_puts(&b, ""); /* an empty rendering is still a valid string */
     switch (fmt) {
     case CHAT_FORMAT_PLAIN: render_plain(&b, msgs, roles, n, add_generation_prompt); break;
     case CHAT_FORMAT_CHATML: render_chatml(&b, msgs, n, add_generation_prompt); break;
