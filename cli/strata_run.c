@@ -5,6 +5,7 @@
  *              [--frequency-penalty X] [--seed S] [--threads N] [--tp N]
  *              [--stop STR]... [--ignore-eos] [--json] [--top-logprobs K]
  *              [--cache-type f16|f32]   (KV cache element type; llama.cpp's default is f16)
+ *              [--backend cpu|cuda]     (cuda: one GPU per TP rank, NCCL; docs/cuda-backend.md)
  *
  * Streams the completion text to stdout as tokens are sampled. With --json it
  * prints one JSON object instead (prompt_tokens, completion_tokens, text,
@@ -31,6 +32,7 @@
 
 typedef struct run_opts {
     const char *model, *prompt;
+    const char *backend; /* "cpu" (default) or "cuda" */
     int n_predict, threads, tp, top_logprobs;
     uint32_t kv_type; /* KV cache element type (GGML_TYPE_F32 or F16) */
     bool json, ignore_eos, seed_set;
@@ -57,7 +59,7 @@ static void usage(FILE *f) {
             "                  [--min-p P] [--repeat-penalty R] [--presence-penalty X]\n"
             "                  [--frequency-penalty X] [--seed S] [--threads N] [--tp N]\n"
             "                  [--stop STR]... [--ignore-eos] [--json] [--top-logprobs K]\n"
-            "                  [--cache-type f16|f32]\n");
+            "                  [--cache-type f16|f32] [--backend cpu|cuda]\n");
 }
 
 static int bad_flag(const char *fmt, const char *a, const char *b) {
@@ -88,7 +90,7 @@ static int parse_float(const char *flag, const char *s, float *out) {
 
 static int parse_args(int argc, char **argv, run_opts *o) {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED, O_THREADS, O_TP,
-           O_STOP, O_IGN, O_JSON, O_TOPLP, O_HELP, O_CACHE };
+           O_STOP, O_IGN, O_JSON, O_TOPLP, O_HELP, O_CACHE, O_BACKEND };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'},   {"temp", required_argument, 0, O_TEMP},
@@ -101,6 +103,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         {"ignore-eos", no_argument, 0, O_IGN},      {"json", no_argument, 0, O_JSON},
         {"top-logprobs", required_argument, 0, O_TOPLP}, {"help", no_argument, 0, O_HELP},
         {"cache-type", required_argument, 0, O_CACHE},
+        {"backend", required_argument, 0, O_BACKEND},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
@@ -147,6 +150,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             else rc = bad_flag("--cache-type: expected f16 or f32, got '%s'%s", optarg, "");
             break;
         case O_HELP: usage(stdout); exit(0);
+        case O_BACKEND:
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0)
+                rc = bad_flag("--backend: expected cpu or cuda, got '%s'%s", optarg, "");
+            else o->backend = optarg;
+            break;
         case ':': rc = bad_flag("option %s needs a value%s", argv[optind - 1], ""); break;
         default: rc = bad_flag("unknown option '%s'%s (see --help)", argv[optind - 1], ""); break;
         }
@@ -282,7 +290,7 @@ int main(int argc, char **argv) {
     if (stop_init(&rs.stop, o.stops, o.n_stops, &err)) goto fail;
     stop_ok = true;
     gen_params gp = {.model_path = o.model, .tp = o.tp, .n_threads = o.threads, .max_seqs = 1,
-                    .kv_type = o.kv_type};
+                    .kv_type = o.kv_type, .backend = o.backend};
     if (!(g = gen_open(&gp, &err))) goto fail;
 
     rs.ts = tok_stream_new(vocab, false);

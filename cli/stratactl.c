@@ -13,9 +13,11 @@
 #include <errno.h>
 #include <jansson.h>
 #include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "proto/control.pb-c.h"
 #include "rpc/grpc_client.h"
@@ -213,8 +215,6 @@ static void print_placement(const Strata__V1__PlacementReply *r) {
     else printf("current: none\n");
     if (r->pending) {
         print_placement_table("pending", r->pending);
-        /* A live progress bar (polling GetPlacement while loading) is future work;
-         * for now one line per node. */
         for (size_t i = 0; i < r->n_loading; i++) {
             const Strata__V1__NodeLoad *l = r->loading[i];
             double pct = l->bytes_total ? 100.0 * (double)l->bytes_loaded / (double)l->bytes_total
@@ -282,6 +282,53 @@ static int cmd_nodes(rpc_client *c, const opts *o) {
     return EXIT_OK;
 }
 
+/* After placement set / auto: polls GetPlacement every 100 ms while the new
+ * placement (epoch) loads, drawing a progress bar on stderr (the weights
+ * loaded over all its stages, from PlacementReply.loading), until it serves
+ * (exit 0) or is dropped because it failed to load (exit 1). At most 10 min. */
+static int wait_loading(rpc_client *c, const opts *o, uint64_t epoch) {
+    const int width = 30;
+    for (int it = 0; it < 6000; it++) {
+        Strata__V1__GetPlacementRequest req = STRATA__V1__GET_PLACEMENT_REQUEST__INIT;
+        Strata__V1__PlacementReply *r = NULL;
+        int rc = unary(c, o, "GetPlacement", &req.base, &strata__v1__placement_reply__descriptor,
+                       (ProtobufCMessage **)&r);
+        if (rc) return rc;
+        if (!r->pending || r->pending->epoch != epoch) {
+            uint64_t cur = r->current ? r->current->epoch : 0;
+            protobuf_c_message_free_unpacked(&r->base, NULL);
+            if (!o->json) fprintf(stderr, "\n");
+            if (cur == epoch) {
+                if (!o->json) fprintf(stderr, "placement epoch %llu is serving\n", (unsigned long long)epoch);
+                return EXIT_OK;
+            }
+            fprintf(stderr, "stratactl: placement epoch %llu failed to load (epoch %llu keeps serving); "
+                    "see the coordinator's log\n", (unsigned long long)epoch, (unsigned long long)cur);
+            return EXIT_SERVER;
+        }
+        uint64_t done = 0, total = 0;
+        for (size_t i = 0; i < r->n_loading; i++) {
+            done += r->loading[i]->bytes_loaded;
+            total += r->loading[i]->bytes_total;
+        }
+        protobuf_c_message_free_unpacked(&r->base, NULL);
+        if (!o->json) {
+            double f = total ? (double)done / (double)total : 0.0;
+            int fill = (int)(f * width + 0.5);
+            char a[32], b[32];
+            fmt_bytes(a, sizeof a, done);
+            fmt_bytes(b, sizeof b, total);
+            fprintf(stderr, "\rloading epoch %llu [", (unsigned long long)epoch);
+            for (int k = 0; k < width; k++) fputc(k < fill ? '#' : '-', stderr);
+            fprintf(stderr, "] %5.1f%% %s / %s", 100.0 * f, a, b);
+            fflush(stderr);
+        }
+        usleep(100000);
+    }
+    fprintf(stderr, "\nstratactl: placement epoch %llu still loading after 600 s\n", (unsigned long long)epoch);
+    return EXIT_UNAVAILABLE;
+}
+
 static int placement_reply(rpc_client *c, const opts *o, const char *name,
                            const ProtobufCMessage *req) {
     Strata__V1__PlacementReply *r = NULL;
@@ -290,8 +337,10 @@ static int placement_reply(rpc_client *c, const opts *o, const char *name,
     if (rc) return rc;
     if (o->json) print_json(&r->base);
     else print_placement(r);
+    bool wait = strcmp(name, "GetPlacement") && !o->dry_run && r->pending;
+    uint64_t epoch = r->pending ? r->pending->epoch : 0;
     protobuf_c_message_free_unpacked(&r->base, NULL);
-    return EXIT_OK;
+    return wait ? wait_loading(c, o, epoch) : EXIT_OK;
 }
 
 static int parse_uint(const char *s, const char *end, uint32_t *out) {

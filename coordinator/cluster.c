@@ -18,7 +18,6 @@
 #include "ib/transport.h"
 #include "proto/stage.pb-c.h"
 
-#define CLUSTER_EPOCH 1
 #define RETRY_S 0.25
 #define STATS_PERIOD_S 0.1
 
@@ -41,6 +40,11 @@ typedef struct stage_link {
     double busy_s, uptime_s;
     uint64_t forwards, tokens;
     uint32_t queue_depth;
+    uint64_t bytes_sent, frames_sent; /* the worker's transport counters */
+    char worker_name[COORD_NAME_LEN];
+    double stats_at;                  /* monotonic time of the latest StageStats */
+    /* GET /metrics busy ratio: over windows of >= 1 s of worker uptime */
+    double win_busy_s, win_uptime_s, busy_ratio;
     /* snapshot at the previous stages_json */
     double prev_busy_s, prev_uptime_s;
 } stage_link;
@@ -64,6 +68,9 @@ typedef struct creq {
 
 struct cluster {
     struct event_base *base;
+    uint64_t epoch;     /* placement epoch of every frame (cluster_opts.epoch) */
+    bool keep_loaded;   /* StageAssign.keep_loaded (live placement changes) */
+    bool paused;        /* cluster_pause: no new micro-batches */
     const coord_config *cfg;
     const tok_vocab *vocab;
     int n_ctx;
@@ -113,7 +120,7 @@ static double now_s(void) {
 }
 
 static void pump_soon(cluster *c) {
-    if (c->pump_ev && c->ready && !c->lost) event_active(c->pump_ev, 0, 0);
+    if (c->pump_ev && c->ready && !c->lost && !c->paused) event_active(c->pump_ev, 0, 0);
 }
 
 static int send_control(cluster *c, stage_link *l, const ctl_msg *m) {
@@ -123,7 +130,7 @@ static int send_control(cluster *c, stage_link *l, const ctl_msg *m) {
     strata__v1__control_message__pack(m, buf);
     frame_header h = STRATA__V1__FRAME_HEADER__INIT;
     h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
-    h.epoch = CLUSTER_EPOCH;
+    h.epoch = c->epoch;
     h.stage = (uint32_t)l->index;
     h.control.data = buf;
     h.control.len = n;
@@ -185,7 +192,7 @@ static bool penalties_on(const compl_request *q) {
 
 static void pump(evutil_socket_t fd, short what, void *arg) {
     cluster *c = arg;
-    if (!c->ready || c->lost || !c->s) return;
+    if (!c->ready || c->lost || !c->s || c->paused) return;
     stage_link *first = &c->links[0];
     const sched_batch *b;
     while ((b = sched_next_microbatch(c->s)) != NULL) {
@@ -220,6 +227,7 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
                 s->sampling = p;
                 s->wants_logits = x->sample;
                 s->step = (uint64_t)r->n_gen;
+                if (x->pos == 0 && q->request_id[0]) s->request_id = (char *)q->request_id;
                 if (x->sample && penalties_on(q) && r->n_gen > 0) {
                     s->history = r->gen;
                     s->n_history = (size_t)r->n_gen;
@@ -229,7 +237,7 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
             frame_header h = STRATA__V1__FRAME_HEADER__INIT;
             h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS;
             h.batch_id = b->id;
-            h.epoch = CLUSTER_EPOCH;
+            h.epoch = c->epoch;
             h.stage = 0;
             h.seqs = seqp;
             h.n_seqs = (size_t)b->n_seqs;
@@ -296,11 +304,11 @@ static void deliver(cluster *c, creq *r, const sched_event *ev, const frame_resu
     }
     size_t n = piece_of(c, ev->token);
     if (r->req->logprobs >= 0) {
-        int nt = res && res->n_top < COMPL_MAX_LOGPROBS ? (int)res->n_top : COMPL_MAX_LOGPROBS;
+        int nt = res && res->n_top < COMPL_MAX_TOP_LOGPROBS ? (int)res->n_top : COMPL_MAX_TOP_LOGPROBS;
         if (!res) nt = 0;
-        char *pieces[COMPL_MAX_LOGPROBS] = {0};
-        const char *cpieces[COMPL_MAX_LOGPROBS];
-        float lps[COMPL_MAX_LOGPROBS];
+        char *pieces[COMPL_MAX_TOP_LOGPROBS] = {0};
+        const char *cpieces[COMPL_MAX_TOP_LOGPROBS];
+        float lps[COMPL_MAX_TOP_LOGPROBS];
         for (int i = 0; i < nt; i++) {
             int m = tok_piece(c->vocab, res->top[i]->token, NULL, 0);
             pieces[i] = malloc(m > 0 ? (size_t)m + 1 : 1);
@@ -411,7 +419,8 @@ static void send_assign(cluster *c, stage_link *l) {
         else
             snprintf(next, sizeof next, "%s:%d", nx->host, nx->port);
     }
-    a.epoch = CLUSTER_EPOCH;
+    a.epoch = c->epoch;
+    a.keep_loaded = c->keep_loaded;
     a.stage = (uint32_t)l->index;
     a.n_stages = (uint32_t)c->n_stages;
     a.model_path = c->cfg->model;
@@ -458,7 +467,7 @@ static void all_ready(cluster *c) {
     struct timeval tv = {0, (int)(STATS_PERIOD_S * 1e6)};
     event_add(c->stats_ev, &tv);
     ST_INFO("cluster: all %d stages ready (epoch %d); KV cache %d blocks of %d tokens", c->n_stages,
-            CLUSTER_EPOCH, (int)blocks, c->cfg->kv_block_size);
+            (int)c->epoch, (int)blocks, c->cfg->kv_block_size);
     if (c->on_ready) c->on_ready(c->ud);
 }
 
@@ -472,7 +481,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
     switch (m->msg_case) {
     case STRATA__V1__CONTROL_MESSAGE__MSG_READY: {
         const Strata__V1__StageReady *r = m->ready;
-        if (r->epoch != CLUSTER_EPOCH || r->stage != (uint32_t)l->index) {
+        if (r->epoch != c->epoch || r->stage != (uint32_t)l->index) {
             ST_WARN("cluster: StageReady for epoch %llu stage %u from %s:%d; dropped",
                     (unsigned long long)r->epoch, r->stage, l->host, l->port);
             break;
@@ -499,6 +508,21 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
             l->prev_busy_s = 0;
             l->prev_uptime_s = 0;
         }
+        if (!l->have_stats || s->uptime_seconds < l->win_uptime_s) {
+            l->win_busy_s = s->busy_seconds;
+            l->win_uptime_s = s->uptime_seconds;
+        } else if (s->uptime_seconds - l->win_uptime_s >= 1.0) {
+            l->busy_ratio = (s->busy_seconds - l->win_busy_s) / (s->uptime_seconds - l->win_uptime_s);
+            if (l->busy_ratio < 0) l->busy_ratio = 0;
+            if (l->busy_ratio > 1) l->busy_ratio = 1;
+            l->win_busy_s = s->busy_seconds;
+            l->win_uptime_s = s->uptime_seconds;
+        }
+        l->bytes_sent = s->bytes_sent;
+        l->frames_sent = s->frames_sent;
+        l->stats_at = now_s();
+        if (s->worker_name && s->worker_name[0])
+            snprintf(l->worker_name, sizeof l->worker_name, "%s", s->worker_name);
         l->have_stats = true;
         l->busy_s = s->busy_seconds;
         l->uptime_s = s->uptime_seconds;
@@ -508,7 +532,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         break;
     }
     case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_DONE:
-        if (l->index == c->n_stages - 1 && m->batch_done->epoch == CLUSTER_EPOCH)
+        if (l->index == c->n_stages - 1 && m->batch_done->epoch == c->epoch)
             on_batch_result(c, m->batch_done->batch_id, NULL, 0, NULL);
         break;
     case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_ERROR: {
@@ -516,7 +540,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         snprintf(msg, sizeof msg, "stage %u failed the batch: %s", m->batch_error->stage,
                  m->batch_error->error ? m->batch_error->error : "");
         ST_WARN("cluster: batch %llu: %s", (unsigned long long)m->batch_error->batch_id, msg);
-        if (m->batch_error->epoch == CLUSTER_EPOCH)
+        if (m->batch_error->epoch == c->epoch)
             on_batch_result(c, m->batch_error->batch_id, NULL, 0, msg);
         break;
     }
@@ -574,7 +598,7 @@ static void x_on_frame(xport_peer *peer, const frame_header *h, const void *payl
     switch (h->kind) {
     case STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL: on_control(c, l, h); break;
     case STRATA__V1__FRAME_KIND__FRAME_KIND_TOKENS:
-        if (l->index != c->n_stages - 1 || h->epoch != CLUSTER_EPOCH) {
+        if (l->index != c->n_stages - 1 || h->epoch != c->epoch) {
             ST_WARN("cluster: TOKENS from stage %d (epoch %llu); dropped", l->index,
                     (unsigned long long)h->epoch);
             break;
@@ -642,7 +666,9 @@ static int eng_submit(void *impl, const compl_request *req, const coord_sink *si
     creq *r = calloc(1, sizeof *r);
     if (!r) return st_errf(err, "out of memory"), COORD_EINTERNAL;
     size_t n = 0;
-    if (tok_encode(c->vocab, req->prompt, req->prompt_len, true, false, &r->prompt, &n, err) != 0) {
+    /* Chat prompts hold the template's special-token text (docs/chat-templates.md). */
+    if (tok_encode(c->vocab, req->prompt, req->prompt_len, true, req->chat, &r->prompt, &n, err) !=
+        0) {
         creq_free(r);
         return COORD_EINVAL;
     }
@@ -651,11 +677,13 @@ static int eng_submit(void *impl, const compl_request *req, const coord_sink *si
         creq_free(r);
         return st_errf(err, "the prompt has no tokens"), COORD_EINVAL;
     }
-    if ((int64_t)n + req->max_tokens > c->n_ctx) {
+    int max_new = req->max_tokens;
+    if (req->max_tokens_auto && (int64_t)n + max_new > c->n_ctx) max_new = c->n_ctx - (int)n;
+    if (max_new < 1 || (int64_t)n + max_new > c->n_ctx) {
         st_errf(err,
                 "This model's maximum context length is %d tokens. However, you requested %lld "
                 "tokens (%zu in the prompt, %d for the completion).",
-                c->n_ctx, (long long)n + req->max_tokens, n, req->max_tokens);
+                c->n_ctx, (long long)n + (max_new < 1 ? 1 : max_new), n, max_new < 1 ? 1 : max_new);
         creq_free(r);
         return COORD_ECONTEXT;
     }
@@ -664,7 +692,7 @@ static int eng_submit(void *impl, const compl_request *req, const coord_sink *si
     r->ctx = ctx;
     r->seed = req->has_seed ? (uint64_t)req->seed
                             : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + ++c->seed_counter;
-    int rc = sched_add(c->s, r->prompt, r->n_prompt, req->max_tokens, r, &r->id, err);
+    int rc = sched_add(c->s, r->prompt, r->n_prompt, max_new, r, &r->id, err);
     if (rc != 0) {
         creq_free(r);
         return rc == SCHED_EFULL ? COORD_EBUSY : COORD_EINVAL;
@@ -726,7 +754,7 @@ static char *eng_stages_json(void *impl) {
     }
     json_t *root = json_pack(
         "{s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:o}", "ready", c->ready && !c->lost, "epoch",
-        CLUSTER_EPOCH, "n_ctx", c->n_ctx, "kv_block_size", c->cfg->kv_block_size, "kv_blocks_total", (int)st.n_blocks,
+        (int)c->epoch, "n_ctx", c->n_ctx, "kv_block_size", c->cfg->kv_block_size, "kv_blocks_total", (int)st.n_blocks,
         "kv_blocks_free", (int)st.blocks_free, "requests_waiting", st.n_waiting,
         "requests_running", st.n_running, "batches_in_flight", st.n_inflight,
         "batches_launched", (json_int_t)st.batches_launched, "tokens_launched",
@@ -737,7 +765,38 @@ static char *eng_stages_json(void *impl) {
     return s;
 }
 
-static const coord_engine_ops cluster_ops = {eng_submit, eng_cancel, eng_health, eng_stages_json};
+/* GET /metrics (engine_api.h). Workers: the configured stages' workers
+ * (named by their StageStats, else the config), "serving" while their stage
+ * is ready, heartbeat age = time since their latest StageStats. Hook: when
+ * the registry tracks workers, it reports their own states and heartbeats. */
+static void eng_stats(void *impl, coord_engine_stats *out) {
+    cluster *c = impl;
+    memset(out, 0, sizeof *out);
+    sched_stats st = {0};
+    if (c->s) sched_stats_get(c->s, &st);
+    out->queue_depth = st.n_waiting;
+    out->running = st.n_running;
+    out->kv_blocks_used = (int)st.blocks_used;
+    out->kv_blocks_free = (int)st.blocks_free;
+    double now = now_s();
+    for (int i = 0; i < c->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
+        const stage_link *l = &c->links[i];
+        out->stages[i].busy_ratio = l->busy_ratio;
+        out->stages[i].bytes_sent = l->bytes_sent;
+        out->stages[i].frames_sent = l->frames_sent;
+        coord_worker_stats *w = &out->workers[i];
+        snprintf(w->name, sizeof w->name, "%s",
+                 l->worker_name[0] ? l->worker_name : c->cfg->stages[i].name);
+        w->state = l->state == LINK_LOST   ? "lost"
+                   : l->state == LINK_READY ? (c->ready && !c->lost ? "serving" : "ready")
+                                            : "joining";
+        w->heartbeat_age_s = l->have_stats ? now - l->stats_at : -1.0;
+        out->n_stages = out->n_workers = i + 1;
+    }
+}
+
+static const coord_engine_ops cluster_ops = {eng_submit, eng_cancel, eng_health, eng_stages_json,
+                                             eng_stats};
 
 coord_engine cluster_engine(cluster *c) {
     coord_engine e = {&cluster_ops, c};
@@ -758,6 +817,8 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
     c->n_stages = o->cfg->n_stages;
     c->on_fatal = o->on_fatal;
     c->on_ready = o->on_ready;
+    c->epoch = o->epoch ? o->epoch : 1;
+    c->keep_loaded = o->keep_loaded;
     c->ud = o->ud;
     c->piece_cap = tok_max_piece_len(o->vocab) + 1;
     c->piece_buf = malloc(c->piece_cap + 1);
@@ -817,4 +878,84 @@ void cluster_destroy(cluster *c) {
     free(c->links);
     free(c->piece_buf);
     free(c);
+}
+
+/* ---- live placement changes (coordinator/control_service.c) --------------- */
+
+void cluster_pause(cluster *c) { c->paused = true; }
+
+int cluster_inflight(const cluster *c) {
+    int n = 0;
+    for (int i = 0; c->inflight && i < c->max_inflight; i++) n += c->inflight[i] != NULL;
+    return n;
+}
+
+bool cluster_is_ready(const cluster *c) { return c->ready && !c->lost && !c->failed; }
+
+uint64_t cluster_epoch(const cluster *c) { return c->epoch; }
+
+int cluster_ready_stages(const cluster *c) {
+    int n = 0;
+    for (int i = 0; i < c->n_stages; i++) n += c->links[i].state == LINK_READY;
+    return n;
+}
+
+bool cluster_stage_ready(const cluster *c, int i) {
+    return i >= 0 && i < c->n_stages && c->links[i].state == LINK_READY;
+}
+
+int cluster_n_requests(const cluster *c) {
+    int n = 0;
+    for (const creq *r = c->reqs; r; r = r->next) n++;
+    return n;
+}
+
+void cluster_release_workers(cluster *c) {
+    for (int i = 0; i < c->n_stages; i++) {
+        Strata__V1__StageRelease rel = STRATA__V1__STAGE_RELEASE__INIT;
+        rel.epoch = c->epoch;
+        ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+        m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_RELEASE;
+        m.release = &rel;
+        if (c->links[i].peer) send_control(c, &c->links[i], &m);
+    }
+}
+
+int cluster_move_requests(cluster *from, cluster *to,
+                          void (*on_moved)(void *ud, uint64_t old_id, uint64_t new_id), void *ud) {
+    int moved = 0;
+    while (from->reqs) {
+        creq *r = from->reqs;
+        creq_unlink(from, r);
+        if (from->s) sched_cancel(from->s, r->id);
+        uint64_t old_id = r->id;
+        /* Re-prefill: the prompt and every token generated so far; the KV
+         * cache of the sequence stays behind on the old stages. */
+        int n = r->n_prompt + r->n_gen, left = r->req->max_tokens - r->n_gen;
+        int32_t *all = malloc(sizeof *all * (size_t)(n ? n : 1));
+        st_err err = {{0}};
+        int rc = -1;
+        if (all && left >= 1 && to->s) {
+            memcpy(all, r->prompt, sizeof *all * (size_t)r->n_prompt);
+            if (r->n_gen) memcpy(all + r->n_prompt, r->gen, sizeof *all * (size_t)r->n_gen);
+            rc = sched_add(to->s, all, n, left, r, &r->id, &err);
+        }
+        free(all);
+        if (rc != 0) {
+            r->next = NULL;
+            if (on_moved) on_moved(ud, old_id, 0);
+            r->in_cb = true;
+            r->sink.on_finish(r->ctx, COORD_FINISH_ERROR,
+                              err.msg[0] ? err.msg : "cannot move the sequence to the new placement");
+            creq_free(r);
+            continue;
+        }
+        r->next = to->reqs;
+        if (to->reqs) to->reqs->prev = r;
+        to->reqs = r;
+        if (on_moved) on_moved(ud, old_id, r->id);
+        moved++;
+    }
+    pump_soon(to);
+    return moved;
 }

@@ -50,6 +50,9 @@
 #ifndef STRATA_COORDINATOR_CLUSTER_H
 #define STRATA_COORDINATOR_CLUSTER_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "common/err.h"
 #include "coordinator/cluster_config.h"
 #include "coordinator/engine_api.h"
@@ -70,6 +73,8 @@ typedef struct cluster_opts {
     /* Called once when every stage is ready; may be NULL. */
     void (*on_ready)(void *ud);
     void *ud;
+    uint64_t epoch;            /* placement epoch carried by every frame; 0 = 1 */
+    bool keep_loaded;          /* StageAssign.keep_loaded: workers load beside older epochs */
 } cluster_opts;
 
 /* Creates the transport and starts connecting. NULL + err when the
@@ -80,5 +85,28 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
 void cluster_destroy(cluster *c);
 /* The engine interface (impl = c). */
 coord_engine cluster_engine(cluster *c);
+
+/* ---- live placement changes (coordinator/control_service.c) ----
+ * A placement change runs a second cluster (the new epoch) beside the serving
+ * one. When it is ready: cluster_pause(old) (no new micro-batches), wait until
+ * cluster_inflight(old) == 0, then cluster_move_requests(old, new): every
+ * running sequence continues on the new placement by re-prefilling its
+ * prompt and the tokens generated so far (the KV cache stays with the old
+ * stages), with the same sink, seed and step, so greedy output is unchanged.
+ * on_moved(ud, old_id, new_id) reports each move (new_id 0: it could not be
+ * moved and finished with ERROR). No batch ever mixes the two epochs: each
+ * cluster sends only its own. cluster_release_workers(old) then sends
+ * StageRelease{epoch} to its stages; destroy it a little later (the frames
+ * must leave first). */
+void cluster_pause(cluster *c);
+int cluster_inflight(const cluster *c);
+bool cluster_is_ready(const cluster *c);
+uint64_t cluster_epoch(const cluster *c);
+int cluster_ready_stages(const cluster *c);
+int cluster_n_requests(const cluster *c);
+bool cluster_stage_ready(const cluster *c, int i);
+int cluster_move_requests(cluster *from, cluster *to,
+                          void (*on_moved)(void *ud, uint64_t old_id, uint64_t new_id), void *ud);
+void cluster_release_workers(cluster *c);
 
 #endif

@@ -37,6 +37,7 @@ typedef struct parser {
     coord_config *cfg;
     st_err *err;
     bool failed;
+    bool live; /* live mode (coord_config_load_live): no stage sections */
 } parser;
 
 static int fail(parser *p, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -331,7 +332,16 @@ static int finish(parser *p) {
     if (n_stage && n_worker)
         return fail(p, 0, "use either [stage.N] or [worker NAME] sections, not both");
     int n = n_stage + n_worker;
-    if (n == 0) return fail(p, 0, "no stages: add [stage.0], [stage.1], ... or [worker NAME] sections");
+    if (n == 0 && !p->live) return fail(p, 0, "no stages: add [stage.0], [stage.1], ... or [worker NAME] sections");
+    if (n > 0 && p->live)
+        return fail(p, 0, "live mode (--live): workers register themselves; remove the [stage.N] / [worker NAME] sections");
+    if (n == 0) { /* live mode */
+        if (!c->model) return fail(p, cluster_line, "[cluster]: missing key 'model' (GGUF path)");
+        if (c->n_partition) return fail(p, 0, "[cluster] partition: live mode places layers itself");
+        if (!c->model_name && !(c->model_name = default_model_name(c->model)))
+            return fail(p, 0, "out of memory");
+        return 1;
+    }
     bool seen[PLACE_MAX_STAGES] = {0};
     for (int i = 0; i < p->n_sects; i++) {
         sect *s = &p->sects[i];
@@ -384,10 +394,11 @@ void coord_config_free(coord_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
 }
 
-int coord_config_parse(const char *text, const char *name, coord_config *cfg, st_err *err) {
+static int config_parse(const char *text, const char *name, coord_config *cfg, bool live, st_err *err) {
     memset(cfg, 0, sizeof *cfg);
     parser *p = calloc(1, sizeof *p);
     if (!p) return st_errf(err, "%s: out of memory", name);
+    p->live = live;
     p->text = p->pos = text;
     p->name = name;
     p->cfg = cfg;
@@ -418,7 +429,11 @@ int coord_config_parse(const char *text, const char *name, coord_config *cfg, st
     return 0;
 }
 
-int coord_config_load(const char *path, coord_config *cfg, st_err *err) {
+int coord_config_parse(const char *text, const char *name, coord_config *cfg, st_err *err) {
+    return config_parse(text, name, cfg, false, err);
+}
+
+static int config_load(const char *path, coord_config *cfg, bool live, st_err *err) {
     memset(cfg, 0, sizeof *cfg);
     FILE *f = fopen(path, "rb");
     if (!f) return st_errf(err, "%s: cannot open: %s", path, strerror(errno));
@@ -455,9 +470,17 @@ int coord_config_load(const char *path, coord_config *cfg, st_err *err) {
         free(buf);
         return st_errf(err, "%s: contains a NUL byte (not a text file)", path);
     }
-    int rc = coord_config_parse(buf, path, cfg, err);
+    int rc = config_parse(buf, path, cfg, live, err);
     free(buf);
     return rc;
+}
+
+int coord_config_load(const char *path, coord_config *cfg, st_err *err) {
+    return config_load(path, cfg, false, err);
+}
+
+int coord_config_load_live(const char *path, coord_config *cfg, st_err *err) {
+    return config_load(path, cfg, true, err);
 }
 
 int coord_config_placement(const coord_config *cfg, int n_layers, place_range *ranges,

@@ -56,6 +56,10 @@ typedef struct coord_config {
 
 /* Reads and validates the file. On failure *cfg is left empty (nothing to free). */
 int coord_config_load(const char *path, coord_config *cfg, st_err *err);
+/* Live mode (strata-coordinator --live, docs/control-api.md): the same file
+ * without stage sections (workers register over gRPC); a file that has
+ * stage sections is refused. cfg->n_stages is 0. */
+int coord_config_load_live(const char *path, coord_config *cfg, st_err *err);
 /* Same, from text; `name` is used in messages in place of the file name. */
 int coord_config_parse(const char *text, const char *name, coord_config *cfg, st_err *err);
 void coord_config_free(coord_config *cfg);

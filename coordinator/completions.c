@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coordinator/chat.h"
+#include "model/chat_template.h"
+
 /* ---- errors ---------------------------------------------------------------- */
 
 void compl_error_set(compl_error *e, int status, const char *type, const char *param,
@@ -171,7 +174,7 @@ static int get_str(json_t *o, const char *key, char **out, compl_error *e) {
     return 0;
 }
 
-static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, compl_error *e) {
+static int parse_prompt(json_t *o, compl_request *r, compl_error *e) {
     /* prompt: a string (or a list holding exactly one string). */
     json_t *p = json_object_get(o, "prompt");
     if (!p || json_is_null(p)) return bad(e, "prompt", "'prompt' is required");
@@ -188,6 +191,19 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
         return bad(e, "prompt", "'prompt' must not contain NUL characters");
     r->prompt = strndup(json_string_value(p), r->prompt_len);
     if (!r->prompt) return bad(e, "prompt", "out of memory");
+    return 0;
+}
+
+static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, compl_error *e,
+                        bool chat) {
+    if (chat) {
+        r->chat = true;
+        if (chat_render_messages(json_object_get(o, "messages"), lim ? lim->chat_format : 0,
+                                 &r->prompt, &r->prompt_len, e) != 0)
+            return -1;
+    } else if (parse_prompt(o, r, e) != 0) {
+        return -1;
+    }
 
     if (get_str(o, "model", &r->model, e)) return -1;
     if (r->model && lim && lim->model_name && strcmp(r->model, lim->model_name) != 0) {
@@ -197,10 +213,17 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
         return -1;
     }
     long long x = COMPL_DEFAULT_MAX_TOKENS;
-    if (get_int(o, "max_tokens", 1, INT32_MAX, &x, e)) return -1;
+    const char *mt = "max_tokens";
+    if (chat && !field(o, mt) && field(o, "max_completion_tokens")) mt = "max_completion_tokens";
+    if (chat && !field(o, mt)) {
+        /* OpenAI's chat default: as long as the context allows. */
+        r->max_tokens_auto = true;
+        x = lim && lim->n_ctx > 0 ? lim->n_ctx : 256;
+    }
+    if (get_int(o, mt, 1, INT32_MAX, &x, e)) return -1;
     if (lim && lim->n_ctx > 0 && x > lim->n_ctx)
         return bad(e, "max_tokens",
-                   "'max_tokens' is %lld but this model's maximum context length is %d tokens", x,
+                   "'%s' is %lld but this model's maximum context length is %d tokens", mt, x,
                    lim->n_ctx);
     r->max_tokens = (int)x;
     if (get_num(o, "temperature", 0, 2, false, &r->temperature, e)) return -1;
@@ -247,7 +270,7 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
     }
     if (get_bool(o, "stream", &r->stream, e)) return -1;
     if (get_bool(o, "return_token_ids", &r->return_token_ids, e)) return -1;
-    if (get_bool(o, "echo", &r->echo, e)) return -1;
+    if (!chat && get_bool(o, "echo", &r->echo, e)) return -1;
     if (get_bool(o, "ignore_eos", &r->ignore_eos, e)) return -1;
     json_t *so = field(o, "stream_options");
     if (so) {
@@ -263,7 +286,16 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
     if (get_int(o, "best_of", LLONG_MIN, LLONG_MAX, &x, e)) return -1;
     if (x != 1) return bad(e, "best_of", "'best_of' must be 1 (got %lld)", x);
     json_t *lp = field(o, "logprobs");
-    if (lp) {
+    if (chat) {
+        bool want = false;
+        if (get_bool(o, "logprobs", &want, e)) return -1;
+        long long k = 0;
+        bool has_top = field(o, "top_logprobs") != NULL;
+        if (get_int(o, "top_logprobs", 0, COMPL_MAX_TOP_LOGPROBS, &k, e)) return -1;
+        if (has_top && !want)
+            return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (want) r->logprobs = (int)k;
+    } else if (lp) {
         if (!json_is_integer(lp))
             return bad(e, "logprobs", "'logprobs' must be an integer in [0, %d]", COMPL_MAX_LOGPROBS);
         long long k = json_integer_value(lp);
@@ -280,11 +312,28 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
     json_t *lb = field(o, "logit_bias");
     if (lb && (!json_is_object(lb) || json_object_size(lb) > 0))
         return bad(e, "logit_bias", "'logit_bias' is not supported");
+    if (chat) {
+        json_t *tools = field(o, "tools");
+        if (tools && (!json_is_array(tools) || json_array_size(tools) > 0))
+            return bad(e, "tools", "'tools' (function calling) is not supported");
+        json_t *rf = field(o, "response_format");
+        json_t *rft = rf ? json_object_get(rf, "type") : NULL;
+        if (rf && !(json_is_string(rft) && strcmp(json_string_value(rft), "text") == 0))
+            return bad(e, "response_format", "only 'response_format' {\"type\": \"text\"} is supported");
+        /* The template's end of turn ends the answer (docs/chat-templates.md). */
+        const char *te = chat_format_turn_end((enum chat_format)(lim ? lim->chat_format : 0));
+        if (te && *te) {
+            bool dup = false;
+            for (int i = 0; i < r->n_stop; i++) dup |= strcmp(r->stop[i], te) == 0;
+            if (!dup && !(r->stop[r->n_stop] = strdup(te))) return bad(e, "stop", "out of memory");
+            if (!dup) r->n_stop++;
+        }
+    }
     return 0;
 }
 
-int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_request *r,
-                compl_error *e) {
+static int parse_any(const char *body, size_t len, const compl_limits *lim, compl_request *r,
+                     compl_error *e, bool chat) {
     memset(r, 0, sizeof *r);
     r->max_tokens = COMPL_DEFAULT_MAX_TOKENS;
     r->temperature = 1.0;
@@ -302,10 +351,20 @@ int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_req
     if (!json_is_object(o))
         rc = bad(e, NULL, "the body must be a JSON object");
     else
-        rc = parse_fields(o, lim, r, e);
+        rc = parse_fields(o, lim, r, e, chat);
     json_decref(o);
     if (rc != 0) compl_request_free(r);
     return rc;
+}
+
+int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_request *r,
+                compl_error *e) {
+    return parse_any(body, len, lim, r, e, false);
+}
+
+int compl_parse_chat(const char *body, size_t len, const compl_limits *lim, compl_request *r,
+                     compl_error *e) {
+    return parse_any(body, len, lim, r, e, true);
 }
 
 void compl_request_free(compl_request *r) {
@@ -313,7 +372,7 @@ void compl_request_free(compl_request *r) {
     free(r->prompt);
     free(r->model);
     free(r->user);
-    for (int i = 0; i < COMPL_MAX_STOP; i++) free(r->stop[i]);
+    for (int i = 0; i < COMPL_MAX_STOP + 1; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
     r->logprobs = -1;
 }
@@ -323,6 +382,7 @@ void compl_request_free(compl_request *r) {
 /* Logprobs arrays of the tokens not yet emitted (streaming) or of all (not). */
 typedef struct lp_arrays {
     json_t *tokens, *token_logprobs, *top_logprobs, *text_offset;
+    json_t *content; /* chat: [{token, logprob, bytes, top_logprobs}] */
 } lp_arrays;
 
 static lp_arrays *lp_new(void) {
@@ -332,6 +392,7 @@ static lp_arrays *lp_new(void) {
     a->token_logprobs = json_array();
     a->top_logprobs = json_array();
     a->text_offset = json_array();
+    a->content = json_array();
     return a;
 }
 
@@ -341,12 +402,18 @@ static void lp_free(lp_arrays *a) {
     json_decref(a->token_logprobs);
     json_decref(a->top_logprobs);
     json_decref(a->text_offset);
+    json_decref(a->content);
     free(a);
 }
 
 /* Moves the arrays into a logprobs object and starts new ones. */
 static json_t *lp_take(compl_output *o) {
     lp_arrays *a = o->lp;
+    if (o->req->chat) {
+        json_t *obj = json_pack("{s:o}", "content", a->content);
+        a->content = json_array();
+        return obj;
+    }
     json_t *obj = json_pack("{s:o,s:o,s:o,s:o}", "tokens", a->tokens, "token_logprobs",
                             a->token_logprobs, "top_logprobs", a->top_logprobs, "text_offset",
                             a->text_offset);
@@ -355,6 +422,13 @@ static json_t *lp_take(compl_output *o) {
     a->top_logprobs = json_array();
     a->text_offset = json_array();
     return obj;
+}
+
+/* Chat logprobs' "bytes": the UTF-8 bytes of a token as integers. */
+static json_t *bytes_json(const char *s, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)s[i]));
+    return a;
 }
 
 int compl_output_init(compl_output *o, const compl_request *req) {
@@ -444,7 +518,20 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
     memcpy(o->text + o->len, piece, len);
     o->len += len;
     o->text[o->len] = '\0';
-    if (o->lp) {
+    if (o->lp && o->req->chat) {
+        lp_arrays *a = o->lp;
+        json_t *top = json_array();
+        for (int i = 0; lp && i < lp->n_top && i < o->req->logprobs; i++) {
+            const char *tp = lp->top_pieces[i];
+            json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", jstr(tp, strlen(tp)),
+                                                 "logprob", (double)lp->top_logprobs[i], "bytes",
+                                                 bytes_json(tp, strlen(tp))));
+        }
+        json_array_append_new(a->content,
+                              json_pack("{s:o,s:f,s:o,s:o}", "token", jstr(piece, len), "logprob",
+                                        lp ? (double)lp->logprob : 0.0, "bytes",
+                                        bytes_json(piece, len), "top_logprobs", top));
+    } else if (o->lp) {
         lp_arrays *a = o->lp;
         json_array_append_new(a->tokens, jstr(piece, len));
         json_array_append_new(a->token_logprobs, json_real(lp ? lp->logprob : 0.0));
@@ -493,10 +580,14 @@ static json_t *ids_json(const int32_t *ids, int n) {
     return a;
 }
 
-static json_t *envelope(const compl_meta *m, json_t *choices) {
-    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", m->id, "object", "text_completion", "created",
+static json_t *envelope(const compl_meta *m, const char *object, json_t *choices) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", m->id, "object", object, "created",
                      (json_int_t)m->created, "model", m->model ? m->model : "", "choices",
                      choices);
+}
+
+static const char *chunk_object(const compl_output *o) {
+    return o->req->chat ? "chat.completion.chunk" : "text_completion";
 }
 
 static json_t *usage_json(const compl_output *o) {
@@ -527,8 +618,17 @@ char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finis
     memcpy(buf + pl, o->text ? o->text + o->sent : "", r - o->sent);
     json_t *text = jstr(buf, pl + (r - o->sent));
     free(buf);
-    json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", text, "logprobs",
-                               o->lp ? lp_take(o) : json_null(), "finish_reason",
+    if (o->req->chat) {
+        /* delta: the new text; the last chunk's delta is {} when nothing is left. */
+        json_t *delta = json_object();
+        if (!final || r > o->sent)
+            json_object_set_new(delta, "content", text);
+        else
+            json_decref(text);
+        text = delta;
+    }
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, o->req->chat ? "delta" : "text",
+                               text, "logprobs", o->lp ? lp_take(o) : json_null(), "finish_reason",
                                final ? json_string(finish) : json_null());
     if (!choice) return NULL;
     if (o->req->return_token_ids) {
@@ -536,7 +636,7 @@ char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finis
             json_object_set_new(choice, "prompt_token_ids", ids_json(o->prompt_ids, o->n_prompt));
         json_object_set_new(choice, "token_ids", ids_json(o->ids + o->ids_sent, o->n_ids - o->ids_sent));
     }
-    json_t *root = envelope(m, json_pack("[o]", choice));
+    json_t *root = envelope(m, chunk_object(o), json_pack("[o]", choice));
     if (root && o->req->include_usage) json_object_set_new(root, "usage", json_null());
     o->sent = r;
     o->ids_sent = o->n_ids;
@@ -545,8 +645,18 @@ char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finis
     return dump(root);
 }
 
+char *compl_output_role_chunk(compl_output *o, const compl_meta *m) {
+    o->role_sent = true;
+    json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role",
+                               "assistant", "content", "", "logprobs", "finish_reason");
+    if (!choice) return NULL;
+    json_t *root = envelope(m, "chat.completion.chunk", json_pack("[o]", choice));
+    if (root && o->req->include_usage) json_object_set_new(root, "usage", json_null());
+    return dump(root);
+}
+
 char *compl_output_usage_chunk(compl_output *o, const compl_meta *m) {
-    json_t *root = envelope(m, json_array());
+    json_t *root = envelope(m, chunk_object(o), json_array());
     if (root) json_object_set_new(root, "usage", usage_json(o));
     return dump(root);
 }
@@ -559,14 +669,17 @@ char *compl_output_response(compl_output *o, const compl_meta *m, const char *fi
     if (o->len) memcpy(buf + pl, o->text, o->len);
     json_t *text = jstr(buf, pl + o->len);
     free(buf);
-    json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text", text, "logprobs",
-                               o->lp ? lp_take(o) : json_null(), "finish_reason", finish);
+    if (o->req->chat) text = json_pack("{s:s,s:o}", "role", "assistant", "content", text);
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, o->req->chat ? "message" : "text",
+                               text, "logprobs", o->lp ? lp_take(o) : json_null(), "finish_reason",
+                               finish);
     if (!choice) return NULL;
     if (o->req->return_token_ids) {
         json_object_set_new(choice, "prompt_token_ids", ids_json(o->prompt_ids, o->n_prompt));
         json_object_set_new(choice, "token_ids", ids_json(o->ids, o->n_ids));
     }
-    json_t *root = envelope(m, json_pack("[o]", choice));
+    json_t *root =
+        envelope(m, o->req->chat ? "chat.completion" : "text_completion", json_pack("[o]", choice));
     if (root) json_object_set_new(root, "usage", usage_json(o));
     return dump(root);
 }

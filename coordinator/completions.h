@@ -13,6 +13,15 @@
  *   logprobs: {"tokens":[…],"token_logprobs":[…],"top_logprobs":[{piece:lp}…],
  *              "text_offset":[…]} (natural logs; offsets in bytes of the full text).
  *   error:    {"error":{"message":…,"type":…,"param":…|null,"code":…|null}}
+ * Chat (req->chat, POST /v1/chat/completions):
+ *   response: {"id":"chatcmpl-…","object":"chat.completion",…,"choices":[{"index":0,
+ *              "message":{"role":"assistant","content":t},"logprobs":null|{"content":[…]},
+ *              "finish_reason":…}],"usage":{…}}
+ *   chunks:   "object":"chat.completion.chunk"; the first has delta
+ *             {"role":"assistant","content":""}, later ones {"content":new text},
+ *             the last {} (or the held-back text) with finish_reason.
+ *   logprobs: {"content":[{"token":t,"logprob":lp,"bytes":[…],
+ *              "top_logprobs":[{"token":t,"logprob":lp,"bytes":[…]}…]}…]}
  *
  * Text handling: generated pieces are raw bytes. Text is only ever emitted up
  * to the last complete UTF-8 character and before any suffix that could still
@@ -28,9 +37,10 @@
 
 #include "common/err.h"
 
-#define COMPL_MAX_STOP 4
+#define COMPL_MAX_STOP 4        /* stop sequences a client may give */
 #define COMPL_MAX_STOP_LEN 256 /* bytes per stop sequence */
-#define COMPL_MAX_LOGPROBS 5   /* OpenAI's limit for completions */
+#define COMPL_MAX_LOGPROBS 5   /* OpenAI's limit for completions' logprobs */
+#define COMPL_MAX_TOP_LOGPROBS 20 /* OpenAI's limit for chat's top_logprobs */
 #define COMPL_DEFAULT_MAX_TOKENS 16
 
 /* A validated request. Strings are malloc'd, NUL-terminated, valid UTF-8. */
@@ -45,17 +55,28 @@ typedef struct compl_request {
     double min_p;           /* [0, 1]; default 0 */
     bool has_seed;
     int64_t seed;
-    char *stop[COMPL_MAX_STOP];
+    char *stop[COMPL_MAX_STOP + 1]; /* + the chat template's turn end (chat.h) */
     int n_stop;
     bool stream;
     bool include_usage;     /* stream_options.include_usage */
     bool return_token_ids;
     bool echo;
-    int logprobs;           /* -1 = none, else 0..COMPL_MAX_LOGPROBS alternatives */
+    int logprobs;           /* -1 = none, else 0..COMPL_MAX_LOGPROBS alternatives
+                               (chat: top_logprobs, 0..COMPL_MAX_TOP_LOGPROBS) */
     double presence_penalty;  /* [-2, 2] */
     double frequency_penalty; /* [-2, 2] */
     bool ignore_eos;        /* vendor field (vLLM's): generate past EOS up to max_tokens */
     char *user;
+    /* POST /v1/chat/completions (coordinator/chat.h): prompt is the rendered
+     * conversation, tokenized with parse_special; responses are
+     * chat.completion(.chunk) objects. */
+    bool chat;
+    /* max_tokens was not given and the request is a chat: generate up to the
+     * context (the engine clamps max_tokens to n_ctx - prompt tokens). */
+    bool max_tokens_auto;
+    /* The response id ("cmpl-…"), set by the HTTP layer before submit: the
+     * engine logs with it (STRATA_REQUEST_ID) and passes it to the workers. */
+    char request_id[48];
 } compl_request;
 
 /* An API error: HTTP status and the OpenAI error object. */
@@ -75,6 +96,7 @@ char *compl_error_json(const compl_error *e);
 typedef struct compl_limits {
     int n_ctx;              /* max_tokens above this is refused; 0 = no check */
     const char *model_name; /* a request naming another model gets 404; NULL = any */
+    int chat_format;        /* enum chat_format (model/chat_template.h) for chat requests */
 } compl_limits;
 
 /* Parses and validates a body. -1 + e (status 400, or 404 for an unknown
@@ -83,6 +105,11 @@ typedef struct compl_limits {
  * (not a string or list, more than 4, empty, longer than 256 bytes). */
 int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_request *out,
                 compl_error *e);
+/* The same for POST /v1/chat/completions: "messages" (coordinator/chat.h)
+ * instead of "prompt", "logprobs" a boolean with "top_logprobs" 0..20,
+ * "max_completion_tokens" as an alias of "max_tokens", no "echo". */
+int compl_parse_chat(const char *body, size_t len, const compl_limits *lim, compl_request *out,
+                     compl_error *e);
 void compl_request_free(compl_request *r);
 
 /* Logprobs of one generated token, as the engine reports them. */
@@ -109,6 +136,7 @@ typedef struct compl_output {
     size_t scan_from;    /* stop search restarts here */
     bool stopped;        /* a stop string matched: ignore further tokens */
     bool echo_sent, prompt_ids_sent;
+    bool role_sent;      /* chat streams: the delta.role chunk went out */
     int32_t *ids;        /* every generated id */
     int n_ids, cap_ids, ids_sent;
     int32_t *prompt_ids;
@@ -130,6 +158,8 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
  * ready, or NULL when nothing is (*none = true). finish != NULL makes it the
  * last chunk: everything held back is flushed and finish_reason is set. */
 char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finish, bool *none);
+/* Chat streams: the first chunk, delta {"role":"assistant","content":""}. */
+char *compl_output_role_chunk(compl_output *o, const compl_meta *m);
 /* The usage-only final chunk of stream_options.include_usage. */
 char *compl_output_usage_chunk(compl_output *o, const compl_meta *m);
 /* The whole non-streaming response. */

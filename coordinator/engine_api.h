@@ -46,6 +46,31 @@ typedef struct coord_sink {
     void (*on_finish)(void *ctx, enum coord_finish reason, const char *message);
 } coord_sink;
 
+/* Engine state for GET /metrics (coordinator/metrics_coord.h). */
+#define COORD_STATS_MAX_STAGES 64
+#define COORD_NAME_LEN 64
+typedef struct coord_stage_stats {
+    double busy_ratio;       /* fraction of the last >= 1 s window the stage computed (0..1) */
+    uint64_t bytes_sent;     /* the worker's transport counters (cumulative) */
+    uint64_t frames_sent;
+} coord_stage_stats;
+
+typedef struct coord_worker_stats {
+    char name[COORD_NAME_LEN];
+    const char *state;       /* "joining", "ready", "serving", "draining", "lost" */
+    double heartbeat_age_s;  /* seconds since it last reported; < 0 = never */
+} coord_worker_stats;
+
+typedef struct coord_engine_stats {
+    int queue_depth;         /* requests waiting for a scheduler slot */
+    int running;             /* requests being prefilled or decoded */
+    int kv_blocks_used, kv_blocks_free;
+    int n_stages;            /* <= COORD_STATS_MAX_STAGES */
+    coord_stage_stats stages[COORD_STATS_MAX_STAGES];
+    int n_workers;           /* <= COORD_STATS_MAX_STAGES */
+    coord_worker_stats workers[COORD_STATS_MAX_STAGES];
+} coord_engine_stats;
+
 typedef struct coord_engine_ops {
     /* req stays valid until on_finish or cancel. */
     int (*submit)(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
@@ -57,6 +82,8 @@ typedef struct coord_engine_ops {
      * malloc'd JSON object (per-stage counters, KV blocks; see
      * coordinator/cluster.h), or NULL on out of memory. */
     char *(*stages_json)(void *impl);
+    /* Optional (NULL: /metrics has no engine gauges): fills *out. */
+    void (*stats)(void *impl, coord_engine_stats *out);
 } coord_engine_ops;
 
 typedef struct coord_engine {

@@ -19,8 +19,15 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/metrics.h"
+#include "coordinator/metrics_coord.h"
+#include "model/chat_template.h"
 
 typedef struct call call;
+
+/* evhttp's own limit on a request body (it answers 413 itself beyond it);
+ * bodies between max_body_bytes and this get the OpenAI-shaped 413. */
+#define HTTP_HARD_BODY_LIMIT ((size_t)64 << 20)
 
 struct http_api {
     struct event_base *base;
@@ -29,6 +36,9 @@ struct http_api {
     char *model_name;
     int n_ctx;
     int port;
+    int chat_format;         /* enum chat_format of the model's template */
+    size_t max_body;         /* 413 above this (OpenAI-shaped) */
+    coord_metrics *metrics;  /* GET /metrics; NULL when it could not be created */
     uint64_t salt, seq;
     call *calls; /* completions in progress */
     int n_active;
@@ -44,6 +54,8 @@ struct call {
     compl_meta meta;
     uint64_t engine_id;
     bool stream;
+    double t0, t_first, t_last; /* arrival, first and latest token (monotonic seconds) */
+    int n_tokens;        /* tokens delivered */
     struct event *watch; /* EOF watch on the client socket while we compute */
     call *prev, *next;
 };
@@ -61,7 +73,25 @@ static const char *reason_phrase(int status) {
     }
 }
 
-static void reply_json(struct evhttp_request *req, int status, const char *json) {
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void reply_typed(http_api *api, struct evhttp_request *req, int status, const char *ctype,
+                        const char *body, size_t len) {
+    coord_metrics_request(api->metrics, status);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Content-Type", ctype);
+    struct evbuffer *b = evbuffer_new();
+    if (b && body) evbuffer_add(b, body, len);
+    evhttp_send_reply(req, status, reason_phrase(status), b);
+    if (b) evbuffer_free(b);
+}
+
+static void reply_json(http_api *api, struct evhttp_request *req, int status, const char *json) {
+    coord_metrics_request(api->metrics, status);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Content-Type", "application/json");
     struct evbuffer *b = evbuffer_new();
@@ -73,17 +103,17 @@ static void reply_json(struct evhttp_request *req, int status, const char *json)
     if (b) evbuffer_free(b);
 }
 
-static void reply_error(struct evhttp_request *req, const compl_error *e) {
+static void reply_error(http_api *api, struct evhttp_request *req, const compl_error *e) {
     char *j = compl_error_json(e);
-    reply_json(req, e->status, j ? j : "{\"error\":{\"message\":\"out of memory\"}}");
+    reply_json(api, req, e->status, j ? j : "{\"error\":{\"message\":\"out of memory\"}}");
     free(j);
 }
 
-static void reply_simple_error(struct evhttp_request *req, int status, const char *type,
-                               const char *code, const char *msg) {
+static void reply_simple_error(http_api *api, struct evhttp_request *req, int status,
+                               const char *type, const char *code, const char *msg) {
     compl_error e;
     compl_error_set(&e, status, type, NULL, code, "%s", msg);
-    reply_error(req, &e);
+    reply_error(api, req, &e);
 }
 
 /* ---- completions lifecycle ----------------------------------------------------- */
@@ -124,6 +154,10 @@ static void send_sse(call *c, const char *data) {
 
 /* Answers the request with its final text (or chunk) and frees the call. */
 static void call_finish(call *c, const char *finish) {
+    double now = mono_s();
+    ST_REQ_INFO(c->meta.id, "http: finished (%s): %d prompt + %d completion tokens, TTFT %.3f s, %.3f s in all",
+                finish, c->out.n_prompt, c->out.n_ids, c->n_tokens ? c->t_first - c->t0 : -1.0,
+                now - c->t0);
     if (c->stream) {
         bool none;
         char *j = compl_output_chunk(&c->out, &c->meta, finish, &none);
@@ -139,15 +173,16 @@ static void call_finish(call *c, const char *finish) {
     } else {
         char *j = compl_output_response(&c->out, &c->meta, finish);
         if (j)
-            reply_json(c->req, 200, j);
+            reply_json(c->api, c->req, 200, j);
         else
-            reply_simple_error(c->req, 500, "server_error", NULL, "out of memory");
+            reply_simple_error(c->api, c->req, 500, "server_error", NULL, "out of memory");
         free(j);
     }
     call_done(c);
 }
 
 static void call_fail(call *c, const char *message) {
+    ST_REQ_WARN(c->meta.id, "http: failed: %s", message ? message : "unknown error");
     compl_error e;
     compl_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
                     message ? message : "unknown error");
@@ -158,7 +193,7 @@ static void call_fail(call *c, const char *message) {
         send_sse(c, "[DONE]");
         evhttp_send_reply_end(c->req);
     } else {
-        reply_error(c->req, &e);
+        reply_error(c->api, c->req, &e);
     }
     call_done(c);
 }
@@ -166,11 +201,21 @@ static void call_fail(call *c, const char *message) {
 static void sink_prompt(void *ctx, const int32_t *ids, int n) {
     call *c = ctx;
     compl_output_prompt(&c->out, ids, n);
+    coord_metrics_prompt_tokens(c->api->metrics, n);
 }
 
 static void sink_token(void *ctx, int32_t id, const char *piece, size_t len,
                        const compl_logprobs *lp) {
     call *c = ctx;
+    double now = mono_s();
+    if (c->n_tokens++ == 0) {
+        c->t_first = now;
+        coord_metrics_ttft(c->api->metrics, now - c->t0);
+    } else {
+        coord_metrics_tpot(c->api->metrics, now - c->t_last);
+    }
+    c->t_last = now;
+    coord_metrics_generated_tokens(c->api->metrics, 1);
     int r = compl_output_token(&c->out, id, piece, len, lp);
     if (r < 0) {
         c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
@@ -203,7 +248,7 @@ static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish};
 /* The client went away. */
 static void on_conn_close(struct evhttp_connection *evcon, void *arg) {
     call *c = arg;
-    ST_INFO("http: client closed the connection; cancelling %s", c->meta.id);
+    ST_REQ_INFO(c->meta.id, "http: client closed the connection; cancelling %s", c->meta.id);
     c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
     /* On a failed write or read, evhttp detaches a request that is still
      * being answered from the connection and leaves it to us (libevent 2.1
@@ -234,32 +279,44 @@ static void on_client_readable(evutil_socket_t fd, short what, void *arg) {
     if (evcon) evhttp_connection_free(evcon); /* calls on_conn_close, which frees c */
 }
 
-static void handle_completions(http_api *api, struct evhttp_request *req) {
+static void handle_generate(http_api *api, struct evhttp_request *req, bool chat) {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
+    compl_error e;
+    if (len > api->max_body) {
+        compl_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                        "the request body has %zu bytes; the limit is %zu", len, api->max_body);
+        reply_error(api, req, &e);
+        return;
+    }
     const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
     call *c = calloc(1, sizeof *c);
     if (!c) {
-        reply_simple_error(req, 500, "server_error", NULL, "out of memory");
+        reply_simple_error(api, req, 500, "server_error", NULL, "out of memory");
         return;
     }
     c->api = api;
     c->req = req;
-    compl_error e;
-    compl_limits lim = {api->n_ctx, api->model_name};
-    if (compl_parse(body ? body : "", len, &lim, &c->params, &e) != 0) {
-        reply_error(req, &e);
+    c->t0 = mono_s();
+    snprintf(c->meta.id, sizeof c->meta.id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)api->salt, (unsigned long long)++api->seq);
+    compl_limits lim = {api->n_ctx, api->model_name, api->chat_format};
+    int prc = chat ? compl_parse_chat(body ? body : "", len, &lim, &c->params, &e)
+                   : compl_parse(body ? body : "", len, &lim, &c->params, &e);
+    if (prc != 0) {
+        ST_REQ_INFO(c->meta.id, "http: %s refused (%d): %s", chat ? "chat" : "completion",
+                    e.status, e.message);
+        reply_error(api, req, &e);
         free(c);
         return;
     }
     if (compl_output_init(&c->out, &c->params) != 0) {
-        reply_simple_error(req, 500, "server_error", NULL, "out of memory");
+        reply_simple_error(api, req, 500, "server_error", NULL, "out of memory");
         call_free(c);
         return;
     }
     c->stream = c->params.stream;
-    snprintf(c->meta.id, sizeof c->meta.id, "cmpl-%016llx%08llx", (unsigned long long)api->salt,
-             (unsigned long long)++api->seq);
+    snprintf(c->params.request_id, sizeof c->params.request_id, "%s", c->meta.id);
     c->meta.created = (int64_t)time(NULL);
     c->meta.model = api->model_name;
     st_err err = {{0}};
@@ -283,7 +340,8 @@ static void handle_completions(http_api *api, struct evhttp_request *req) {
         default:
             compl_error_set(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
         }
-        reply_error(req, &e);
+        ST_REQ_INFO(c->meta.id, "http: refused (%d): %s", e.status, e.message);
+        reply_error(api, req, &e);
         call_free(c);
         return;
     }
@@ -301,33 +359,64 @@ static void handle_completions(http_api *api, struct evhttp_request *req) {
             if (c->watch) event_add(c->watch, NULL);
         }
     }
+    ST_REQ_INFO(c->meta.id, "http: %s accepted: %zu prompt bytes, max_tokens %d%s%s%s",
+                chat ? "chat" : "completion", c->params.prompt_len, c->params.max_tokens,
+                c->stream ? ", stream" : "", c->params.user ? ", user " : "",
+                c->params.user ? c->params.user : "");
     if (c->stream) {
         struct evkeyvalq *h = evhttp_request_get_output_headers(req);
         evhttp_add_header(h, "Content-Type", "text/event-stream");
         evhttp_add_header(h, "Cache-Control", "no-cache");
+        coord_metrics_request(api->metrics, 200);
         evhttp_send_reply_start(req, 200, "OK");
+        if (chat) {
+            char *j = compl_output_role_chunk(&c->out, &c->meta);
+            if (j) send_sse(c, j);
+            free(j);
+        }
     }
+}
+
+static void handle_completions(http_api *api, struct evhttp_request *req) {
+    handle_generate(api, req, false);
+}
+
+static void handle_chat(http_api *api, struct evhttp_request *req) {
+    handle_generate(api, req, true);
+}
+
+static void handle_metrics(http_api *api, struct evhttp_request *req) {
+    size_t n = 0;
+    st_err err = {{0}};
+    char *s = api->metrics ? coord_metrics_render(api->metrics, &n, &err) : NULL;
+    if (!s) {
+        reply_simple_error(api, req, 500, "server_error", NULL,
+                           api->metrics ? err.msg : "metrics are not available");
+        return;
+    }
+    reply_typed(api, req, 200, METRICS_CONTENT_TYPE, s, n);
+    free(s);
 }
 
 static void handle_health(http_api *api, struct evhttp_request *req) {
     st_err err = {{0}};
     if (api->engine->ops->health && api->engine->ops->health(api->engine->impl, &err) != 0) {
-        reply_simple_error(req, 503, "server_error", "unavailable", err.msg);
+        reply_simple_error(api, req, 503, "server_error", "unavailable", err.msg);
         return;
     }
-    reply_json(req, 200, "{\"status\":\"ok\"}");
+    reply_json(api, req, 200, "{\"status\":\"ok\"}");
 }
 
 static void handle_stages(http_api *api, struct evhttp_request *req) {
     if (!api->engine->ops->stages_json) {
-        reply_simple_error(req, 404, "invalid_request_error", NULL, "this engine has no stages");
+        reply_simple_error(api, req, 404, "invalid_request_error", NULL, "this engine has no stages");
         return;
     }
     char *s = api->engine->ops->stages_json(api->engine->impl);
     if (s)
-        reply_json(req, 200, s);
+        reply_json(api, req, 200, s);
     else
-        reply_simple_error(req, 500, "server_error", NULL, "out of memory");
+        reply_simple_error(api, req, 500, "server_error", NULL, "out of memory");
     free(s);
 }
 
@@ -338,9 +427,9 @@ static void handle_models(http_api *api, struct evhttp_request *req) {
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     if (s)
-        reply_json(req, 200, s);
+        reply_json(api, req, 200, s);
     else
-        reply_simple_error(req, 500, "server_error", NULL, "out of memory");
+        reply_simple_error(api, req, 500, "server_error", NULL, "out of memory");
     free(s);
 }
 
@@ -369,6 +458,8 @@ static void on_request(struct evhttp_request *req, void *arg) {
         void (*fn)(http_api *, struct evhttp_request *);
     } routes[] = {
         {"/v1/completions", EVHTTP_REQ_POST, handle_completions},
+        {"/v1/chat/completions", EVHTTP_REQ_POST, handle_chat},
+        {"/metrics", EVHTTP_REQ_GET, handle_metrics},
         {"/health", EVHTTP_REQ_GET, handle_health},
         {"/v1/models", EVHTTP_REQ_GET, handle_models},
         {"/v1/stages", EVHTTP_REQ_GET, handle_stages},
@@ -381,7 +472,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
                      method_name(routes[i].method));
             evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
                               method_name(routes[i].method));
-            reply_simple_error(req, 405, "invalid_request_error", "method_not_allowed", msg);
+            reply_simple_error(api, req, 405, "invalid_request_error", "method_not_allowed", msg);
             return;
         }
         routes[i].fn(api, req);
@@ -389,7 +480,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
     }
     char msg[300];
     snprintf(msg, sizeof msg, "Unknown route: %s %.200s", method_name(m), path);
-    reply_simple_error(req, 404, "invalid_request_error", "not_found", msg);
+    reply_simple_error(api, req, 404, "invalid_request_error", "not_found", msg);
 }
 
 http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
@@ -402,6 +493,11 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
     api->engine = engine;
     api->n_ctx = cfg->n_ctx;
     api->model_name = strdup(cfg->model_name ? cfg->model_name : "strata");
+    api->chat_format = (int)chat_select(cfg->chat_template);
+    ST_INFO("http: chat completions use the %s chat format",
+            chat_format_name((enum chat_format)api->chat_format));
+    api->metrics = coord_metrics_new(engine, err);
+    if (!api->metrics) ST_WARN("http: no /metrics: %s", err->msg);
     api->http = evhttp_new(base);
     if (!api->model_name || !api->http) {
         http_api_destroy(api);
@@ -409,8 +505,11 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
     }
     if (getrandom(&api->salt, sizeof api->salt, 0) != (ssize_t)sizeof api->salt)
         api->salt = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
-    evhttp_set_max_body_size(api->http, (ev_ssize_t)(cfg->max_body_bytes ? cfg->max_body_bytes
-                                                                          : (1u << 20)));
+    /* Bodies up to max_body get an OpenAI-shaped 413 from handle_generate;
+     * evhttp itself stops reading at the hard limit (its own HTML 413). */
+    api->max_body = cfg->max_body_bytes ? cfg->max_body_bytes : (1u << 20);
+    size_t hard = api->max_body < HTTP_HARD_BODY_LIMIT ? HTTP_HARD_BODY_LIMIT : api->max_body;
+    evhttp_set_max_body_size(api->http, (ev_ssize_t)hard);
     evhttp_set_max_headers_size(api->http, 64 * 1024);
     evhttp_set_allowed_methods(api->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
                                               EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
@@ -452,11 +551,12 @@ void http_api_destroy(http_api *api) {
             send_sse(c, "[DONE]");
             evhttp_send_reply_end(c->req);
         } else {
-            reply_error(c->req, &e);
+            reply_error(c->api, c->req, &e);
         }
         call_done(c);
     }
     if (api->http) evhttp_free(api->http);
+    coord_metrics_free(api->metrics);
     free(api->model_name);
     free(api);
 }

@@ -6,6 +6,10 @@
  * --ready-timeout seconds ends the process with exit status 1.
  *
  *   strata-coordinator --config FILE [--listen HOST:PORT] [--ready-timeout S]
+ *   strata-coordinator --live --config FILE [--grpc-listen H:P] [--state FILE] ...
+ *
+ * --live: the config has no stages; workers register over gRPC and the
+ * placement is live (coordinator/control_service.h, docs/control-api.md).
  */
 #include <event2/event.h>
 #include <getopt.h>
@@ -13,10 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "coordinator/cluster.h"
 #include "coordinator/cluster_config.h"
+#include "coordinator/control_service.h"
 #include "coordinator/http_api.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -48,13 +54,29 @@ static void usage(FILE *f) {
             "usage: strata-coordinator --config FILE [--listen HOST:PORT] [--ready-timeout S]\n"
             "  --config FILE       cluster config (INI; see docs/cluster-config.md)\n"
             "  --listen HOST:PORT  HTTP API address (overrides [cluster] listen)\n"
-            "  --ready-timeout S   seconds for every worker to be reachable and loaded (60)\n");
+            "  --ready-timeout S   seconds for every worker to be reachable and loaded (60)\n"
+            "live mode (workers register; docs/control-api.md):\n"
+            "  --live              the config lists no stages; placement is automatic / via gRPC\n"
+            "  --grpc-listen H:P   gRPC control API address (127.0.0.1:7070)\n"
+            "  --state FILE        cluster state file (./strata-state.json)\n"
+            "  --heartbeat-ms N    worker heartbeat interval (1000)\n"
+            "  --dead-after-ms N   no heartbeat this long: the node is dead (10000)\n"
+            "  --min-workers N     first automatic placement once N workers registered (1)\n");
 }
 
 int main(int argc, char **argv) {
     const char *config_path = NULL, *listen = NULL;
     double ready_timeout = 60.0;
+    bool live = false;
+    const char *grpc_listen = "127.0.0.1:7070", *state_path = "strata-state.json";
+    long heartbeat_ms = 1000, dead_after_ms = 10000, min_workers = 1;
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                          {"live", no_argument, NULL, 'L'},
+                                          {"grpc-listen", required_argument, NULL, 'g'},
+                                          {"state", required_argument, NULL, 's'},
+                                          {"heartbeat-ms", required_argument, NULL, 'H'},
+                                          {"dead-after-ms", required_argument, NULL, 'D'},
+                                          {"min-workers", required_argument, NULL, 'm'},
                                           {"listen", required_argument, NULL, 'l'},
                                           {"ready-timeout", required_argument, NULL, 't'},
                                           {"help", no_argument, NULL, 'h'},
@@ -74,6 +96,22 @@ int main(int argc, char **argv) {
             }
             break;
         }
+        case 'L': live = true; break;
+        case 'g': grpc_listen = optarg; break;
+        case 's': state_path = optarg; break;
+        case 'H':
+        case 'D':
+        case 'm': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || v < 1 || v > 3600000) {
+                fprintf(stderr, "strata-coordinator: --%s: not an integer in [1, 3600000]: %s\n",
+                        o == 'H' ? "heartbeat-ms" : o == 'D' ? "dead-after-ms" : "min-workers", optarg);
+                return 2;
+            }
+            *(o == 'H' ? &heartbeat_ms : o == 'D' ? &dead_after_ms : &min_workers) = v;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -83,9 +121,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     st_log_set_tag("coordinator");
+    char node[256] = "";
+    if (gethostname(node, sizeof node - 1) == 0) st_log_set_node(node); /* STRATA_NODE */
     st_err err = {{0}};
     coord_config cfg;
-    if (coord_config_load(config_path, &cfg, &err) != 0) {
+    if ((live ? coord_config_load_live : coord_config_load)(config_path, &cfg, &err) != 0) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
         return 1;
     }
@@ -94,7 +134,9 @@ int main(int argc, char **argv) {
     struct event *sigint = NULL, *sigterm = NULL;
     http_api *api = NULL;
     cluster *cl = NULL;
+    ctl_service *ctl = NULL;
     tok_vocab *vocab = NULL;
+    char *chat_template = NULL;
     struct run_state rs = {0};
     if (listen && coord_parse_hostport(listen, cfg.http_host, sizeof cfg.http_host, &cfg.http_port,
                                        1, &err) != 0) {
@@ -108,6 +150,12 @@ int main(int argc, char **argv) {
         goto out;
     }
     llama_config mc;
+    /* The chat template (POST /v1/chat/completions); absent = the plain format. */
+    if (gguf_find_key(gf, "tokenizer.chat_template") >= 0) {
+        st_err terr = {{0}};
+        if (gguf_get_str(gf, "tokenizer.chat_template", &chat_template, &terr) != 0)
+            ST_WARN("coordinator: tokenizer.chat_template: %s; using the plain chat format", terr.msg);
+    }
     int mrc = llama_config_from_gguf(gf, &mc, &err);
     if (mrc == 0 && !(vocab = tok_vocab_load(gf, &err))) mrc = -1;
     gguf_close(gf);
@@ -116,7 +164,7 @@ int main(int argc, char **argv) {
         goto out;
     }
     place_range ranges[PLACE_MAX_STAGES];
-    if (coord_config_placement(&cfg, mc.n_layer, ranges, &err) != 0) {
+    if (!live && coord_config_placement(&cfg, mc.n_layer, ranges, &err) != 0) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
         goto out;
     }
@@ -135,6 +183,28 @@ int main(int argc, char **argv) {
         goto out;
     }
     rs.base = base;
+    coord_engine engine;
+    if (live) {
+        ctl_opts lo = {.cfg = &cfg,
+                       .vocab = vocab,
+                       .n_ctx = n_ctx,
+                       .grpc_listen = grpc_listen,
+                       .state_path = state_path,
+                       .heartbeat_ms = (uint32_t)heartbeat_ms,
+                       .suspect_missed = 3,
+                       .dead_after_ms = (uint32_t)dead_after_ms,
+                       .min_workers = (int)min_workers,
+                       .ready_timeout_s = ready_timeout};
+        ctl = ctl_create(base, &lo, &err);
+        if (!ctl) {
+            fprintf(stderr, "strata-coordinator: %s\n", err.msg);
+            goto out;
+        }
+        engine = ctl_engine(ctl);
+        printf("strata-coordinator: gRPC control API on %s (port %d)\n", grpc_listen, ctl_grpc_port(ctl));
+        fflush(stdout);
+        goto serve;
+    }
     cluster_opts co = {.cfg = &cfg,
                        .ranges = ranges,
                        .n_ctx = n_ctx,
@@ -148,8 +218,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
         goto out;
     }
-    coord_engine engine = cluster_engine(cl);
-    http_api_config hc = {cfg.http_host, cfg.http_port, cfg.max_body_bytes, cfg.model_name, n_ctx};
+    engine = cluster_engine(cl);
+serve:;
+    http_api_config hc = {cfg.http_host, cfg.http_port, cfg.max_body_bytes, cfg.model_name, n_ctx,
+                          chat_template};
     api = http_api_create(base, &hc, &engine, &err);
     if (!api) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
@@ -168,8 +240,10 @@ int main(int argc, char **argv) {
     rc = rs.failed ? 1 : 0;
 out:
     http_api_destroy(api);
+    ctl_destroy(ctl);
     cluster_destroy(cl);
     tok_vocab_free(vocab);
+    free(chat_template);
     if (sigint) event_free(sigint);
     if (sigterm) event_free(sigterm);
     if (base) event_base_free(base);

@@ -29,6 +29,8 @@ typedef Strata__V1__StageAssign ctl_assign;
 
 enum wstate { W_IDLE, W_LOADING, W_READY, W_FAILED };
 
+typedef struct wstage wstage;
+
 /* The current assignment (owned strings). */
 struct assign {
     uint64_t epoch;
@@ -46,7 +48,7 @@ struct assign {
 struct job {
     cjob cj;
     uint64_t gen;        /* w->gen when submitted: results of older assignments are dropped */
-    worker *w;
+    wstage *w;
     frame_header *hdr;   /* owned copy of the received header */
     stage_seq *seqs;
     float *in;           /* f32 input rows (non-first stage) */
@@ -62,9 +64,13 @@ struct open_job {
     char *model_path; /* owned; cj.params.model_path points here */
 };
 
-struct worker {
+/* One loaded (or loading) stage, keyed by its placement epoch. A worker holds
+ * one normally, two during a live placement change (StageAssign.keep_loaded):
+ * each has its own compute thread, next-hop peer and coordinator peer. */
+struct wstage {
+    worker *front;          /* the owning worker (transport, counters) */
     struct event_base *base;
-    xport *x;
+    xport *x;               /* = front->x */
     compute *cq;
     struct event *cq_ev, *reconnect_ev;
     char name[128];
@@ -82,9 +88,32 @@ struct worker {
     xport_mem *pool[POOL_MAX];
     int n_pool;
 
+    bool shutting_down;     /* released or the worker is stopping */
+    wstage *link;           /* the worker's list of live / released stages */
+};
+
+#define MAX_STAGES 4        /* stages of different epochs held at once */
+#define LOAD_MAX_SEQS 4096  /* sequences tracked for worker_load_get */
+
+struct worker {
+    struct event_base *base;
+    xport *x;
+    char name[128];
+    int n_threads;
+    double t_start;
+    char **models;          /* --model paths (resolve StageAssign.model_path by file name) */
+    int n_models;
+    wstage *stages;         /* live stages, newest first */
+    wstage *released;       /* released ones: freed after the transport (their sends may be in flight) */
     uint64_t dropped_frames, batch_errors;
     bool shutting_down;
+    /* worker_load_get window: sequences seen and their block-table lengths */
+    uint64_t load_seq[LOAD_MAX_SEQS];
+    int load_blocks[LOAD_MAX_SEQS];
+    int n_load;
 };
+
+static void on_compute(evutil_socket_t fd, short what, void *arg);
 
 static double now_s(void)
 {
@@ -118,7 +147,7 @@ int worker_parse_hostport(const char *s, char *host, size_t host_cap, int *port,
     return 0;
 }
 
-static xport_mem *pool_get(worker *w, size_t bytes, st_err *err)
+static xport_mem *pool_get(wstage *w, size_t bytes, st_err *err)
 {
     int best = -1;
     for (int i = 0; i < w->n_pool; i++)
@@ -135,7 +164,7 @@ static xport_mem *pool_get(worker *w, size_t bytes, st_err *err)
     return xport_mem_alloc(w->x, cap, err);
 }
 
-static void pool_put(worker *w, xport_mem *m)
+static void pool_put(wstage *w, xport_mem *m)
 {
     if (!m) return;
     if (w->shutting_down) {
@@ -157,7 +186,7 @@ static void pool_put(worker *w, xport_mem *m)
     w->pool[w->n_pool++] = m;
 }
 
-static void job_free(worker *w, struct job *j)
+static void job_free(wstage *w, struct job *j)
 {
     if (!j) return;
     frame_header_free(j->hdr);
@@ -215,7 +244,7 @@ static const char *dtype_name(int d)
 /* ---------------------------------------------------------------- sending */
 
 /* Sends a CONTROL frame carrying m. 0 or -1 (logged). */
-static int send_control(worker *w, xport_peer *peer, const ctl_msg *m, uint64_t epoch, uint64_t batch_id)
+static int send_control(wstage *w, xport_peer *peer, const ctl_msg *m, uint64_t epoch, uint64_t batch_id)
 {
     if (!peer) return -1;
     size_t n = strata__v1__control_message__get_packed_size(m);
@@ -239,7 +268,7 @@ static int send_control(worker *w, xport_peer *peer, const ctl_msg *m, uint64_t 
     return rc;
 }
 
-static void reply_ready(worker *w, xport_peer *peer, uint64_t epoch, uint32_t stage, const char *error)
+static void reply_ready(wstage *w, xport_peer *peer, uint64_t epoch, uint32_t stage, const char *error)
 {
     Strata__V1__StageReady r = STRATA__V1__STAGE_READY__INIT;
     r.epoch = epoch;
@@ -267,10 +296,10 @@ static void reply_ready(worker *w, xport_peer *peer, uint64_t epoch, uint32_t st
     send_control(w, peer, &m, epoch, 0);
 }
 
-static void batch_error(worker *w, const struct job *j, const char *msg)
+static void batch_error(wstage *w, const struct job *j, const char *msg)
 {
     const frame_header *h = j->hdr;
-    w->batch_errors++;
+    w->front->batch_errors++;
     ST_WARN("worker: batch %llu (epoch %llu) failed: %s", (unsigned long long)h->batch_id,
             (unsigned long long)h->epoch, msg);
     if (w->shutting_down) return;
@@ -296,7 +325,7 @@ static void batch_error(worker *w, const struct job *j, const char *msg)
     free(ids);
 }
 
-static void send_stats(worker *w, xport_peer *peer, uint64_t request_id)
+static void send_stats(wstage *w, xport_peer *peer, uint64_t request_id)
 {
     compute_stats cs;
     compute_get_stats(w->cq, &cs);
@@ -317,8 +346,8 @@ static void send_stats(worker *w, xport_peer *peer, uint64_t request_id)
     s.bytes_sent = xs.bytes_sent;
     s.bytes_recv = xs.bytes_recv;
     s.bad_frames = xs.bad_frames;
-    s.dropped_frames = w->dropped_frames;
-    s.batch_errors = w->batch_errors;
+    s.dropped_frames = w->front->dropped_frames;
+    s.batch_errors = w->front->batch_errors;
     s.queue_depth = cs.queued > 0 ? (uint32_t)cs.queued : 0;
     s.worker_name = w->name;
     for (int r = 0; r < cs.n_ranks; r++) {
@@ -340,22 +369,22 @@ static void send_stats(worker *w, xport_peer *peer, uint64_t request_id)
 }
 
 /* A frame we do not accept: log, drop, disconnect its sender. */
-static void unexpected(worker *w, xport_peer *peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void unexpected(worker *w, xport_peer *peer, const char *fmt, ...)
+static void unexpected(wstage *w, xport_peer *peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void unexpected(wstage *w, xport_peer *peer, const char *fmt, ...)
 {
     char msg[300];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    w->dropped_frames++;
+    w->front->dropped_frames++;
     ST_WARN("worker: dropping a frame from %s: %s; disconnecting it", xport_peer_name(peer), msg);
     xport_peer_close(peer);
 }
 
 /* ---------------------------------------------------------------- next hop */
 
-static void connect_next(worker *w)
+static void connect_next(wstage *w)
 {
     if (w->next || w->state != W_READY || !w->cur.next_hop || !*w->cur.next_hop || w->shutting_down) return;
     st_err err;
@@ -376,7 +405,7 @@ static void on_reconnect(evutil_socket_t fd, short what, void *arg)
     connect_next(arg);
 }
 
-static void drop_next(worker *w)
+static void drop_next(wstage *w)
 {
     evtimer_del(w->reconnect_ev);
     w->backoff = BACKOFF_MIN_S;
@@ -440,7 +469,7 @@ static bool same_assign(const struct assign *a, const struct assign *b)
            a->act_dtype == b->act_dtype && !strcmp(a->model_path, b->model_path) && !strcmp(a->next_hop, b->next_hop);
 }
 
-static void handle_assign(worker *w, xport_peer *peer, const ctl_assign *a)
+static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
 {
     struct assign na;
     st_err err;
@@ -449,6 +478,19 @@ static void handle_assign(worker *w, xport_peer *peer, const ctl_assign *a)
         reply_ready(w, peer, a->epoch, a->stage, err.msg);
         return;
     }
+    if (!strchr(na.model_path, '/')) /* a file name (live mode): one of --model / --model-dir's files */
+        for (int i = 0; i < w->front->n_models; i++) {
+            const char *base = strrchr(w->front->models[i], '/');
+            base = base ? base + 1 : w->front->models[i];
+            if (!strcmp(base, na.model_path)) {
+                char *full = strdup(w->front->models[i]);
+                if (full) {
+                    free(na.model_path);
+                    na.model_path = full;
+                }
+                break;
+            }
+        }
     if (w->state == W_LOADING) {
         snprintf(err.msg, sizeof err.msg, "busy: still loading epoch %llu; retry after its StageReady",
                  (unsigned long long)w->cur.epoch);
@@ -494,13 +536,14 @@ static void handle_assign(worker *w, xport_peer *peer, const ctl_assign *a)
                                    .n_threads = na.n_threads ? na.n_threads : w->n_threads,
                                    .kv_blocks = na.kv_blocks,
                                    .block_size = na.block_size};
+    st_log_set_stage((int)na.stage); /* STRATA_STAGE on this worker's journald records */
     ST_INFO("worker: assigned epoch %llu stage %u/%u: %s layers [%d, %d) tp %d kv_blocks %d act %s next %s",
             (unsigned long long)na.epoch, na.stage, na.n_stages, na.model_path, na.first_layer, na.last_layer,
             na.tp, na.kv_blocks, dtype_name(na.act_dtype), *na.next_hop ? na.next_hop : "(coordinator)");
     compute_submit(w->cq, &oj->cj);
 }
 
-static void open_done(worker *w, struct open_job *oj)
+static void open_done(wstage *w, struct open_job *oj)
 {
     if (oj->gen != w->gen || w->shutting_down) goto out;
     if (oj->cj.status) {
@@ -534,24 +577,189 @@ out:
     free(oj);
 }
 
+/* ---------------------------------------------------------------- stages by epoch */
+
+static wstage *stage_new(worker *w, st_err *err)
+{
+    wstage *st = calloc(1, sizeof *st);
+    if (!st) return st_errf(err, "worker: out of memory"), NULL;
+    st->front = w;
+    st->base = w->base;
+    st->x = w->x;
+    snprintf(st->name, sizeof st->name, "%s", w->name);
+    st->n_threads = w->n_threads;
+    st->t_start = w->t_start;
+    st->backoff = BACKOFF_MIN_S;
+    st->cq = compute_create(err);
+    if (!st->cq) {
+        free(st);
+        return NULL;
+    }
+    st->cq_ev = event_new(w->base, compute_fd(st->cq), EV_READ | EV_PERSIST, on_compute, st);
+    st->reconnect_ev = evtimer_new(w->base, on_reconnect, st);
+    if (!st->cq_ev || !st->reconnect_ev || event_add(st->cq_ev, NULL)) {
+        st_errf(err, "worker: cannot create events");
+        if (st->cq_ev) event_free(st->cq_ev);
+        if (st->reconnect_ev) event_free(st->reconnect_ev);
+        compute_stop(st->cq);
+        compute_free(st->cq);
+        free(st);
+        return NULL;
+    }
+    st->link = w->stages;
+    w->stages = st;
+    return st;
+}
+
+/* Stops a stage's compute thread (the running job finishes; queued ones are
+ * dropped) and closes its stage. Its memory stays until stage_free: sends of
+ * its jobs may still be in flight on the transport. */
+static void stage_stop(wstage *st)
+{
+    st->shutting_down = true;
+    if (!st->cq) return;
+    compute_stop(st->cq);
+    cjob *list = compute_take_done(st->cq);
+    while (list) {
+        cjob *cj = list;
+        list = cj->next;
+        if (cj->kind == CJOB_OPEN) {
+            struct open_job *oj = cj->user;
+            free(oj->model_path);
+            free(oj);
+        } else {
+            job_free(st, cj->user);
+        }
+    }
+    compute_free(st->cq);
+    st->cq = NULL;
+    if (st->cq_ev) event_free(st->cq_ev);
+    if (st->reconnect_ev) event_free(st->reconnect_ev);
+    st->cq_ev = st->reconnect_ev = NULL;
+}
+
+static void stage_free(wstage *st)
+{
+    for (int i = 0; i < st->n_pool; i++) xport_mem_unregister(st->x, st->pool[i]);
+    assign_clear(&st->cur);
+    free(st);
+}
+
+/* Moves st from the live list to the released one (stopped). */
+static void stage_release(worker *w, wstage *st)
+{
+    for (wstage **pp = &w->stages; *pp; pp = &(*pp)->link)
+        if (*pp == st) {
+            *pp = st->link;
+            break;
+        }
+    drop_next(st);
+    stage_stop(st);
+    for (int i = 0; i < st->n_pool; i++) xport_mem_unregister(st->x, st->pool[i]);
+    st->n_pool = 0;
+    st->link = w->released;
+    w->released = st;
+}
+
+static wstage *stage_by_epoch(worker *w, uint64_t epoch)
+{
+    for (wstage *st = w->stages; st; st = st->link)
+        if (st->state != W_IDLE && st->cur.epoch == epoch) return st;
+    return NULL;
+}
+
+static void handle_assign_front(worker *w, xport_peer *peer, const ctl_assign *a)
+{
+    wstage *st = stage_by_epoch(w, a->epoch);
+    st_err err;
+    if (!st && a->keep_loaded)
+        for (wstage *x = w->stages; x && !st; x = x->link)
+            if (x->state == W_IDLE || x->state == W_FAILED) st = x; /* nothing loaded there: reuse */
+    if (!st && a->keep_loaded) {
+        int n = 0;
+        for (wstage *x = w->stages; x; x = x->link) n++;
+        while (n >= MAX_STAGES) { /* drop the oldest */
+            wstage *old = w->stages;
+            while (old->link) old = old->link;
+            ST_WARN("worker: %d stages held; dropping epoch %llu", n, (unsigned long long)old->cur.epoch);
+            stage_release(w, old);
+            n--;
+        }
+        st = stage_new(w, &err);
+    } else if (!st) {
+        /* static mode: the new assignment replaces everything (one stage) */
+        while (w->stages && w->stages->link) {
+            wstage *old = w->stages;
+            while (old->link) old = old->link;
+            stage_release(w, old);
+        }
+        st = w->stages ? w->stages : stage_new(w, &err);
+    }
+    if (!st) {
+        ST_ERROR("worker: cannot take the assignment of epoch %llu: %s", (unsigned long long)a->epoch, err.msg);
+        return;
+    }
+    handle_assign(st, peer, a);
+}
+
+static void handle_release(worker *w, uint64_t epoch)
+{
+    wstage *st = stage_by_epoch(w, epoch);
+    if (!st) {
+        ST_INFO("worker: StageRelease for epoch %llu, which is not loaded; ignored", (unsigned long long)epoch);
+        return;
+    }
+    ST_INFO("worker: releasing the stage of epoch %llu (stage %u, layers [%d, %d))", (unsigned long long)epoch,
+            st->cur.stage, st->cur.first_layer, st->cur.last_layer);
+    stage_release(w, st);
+}
+
+/* The stage that answers StatsRequest from peer: the one it assigned, else the newest. */
+static wstage *stage_for_peer(worker *w, xport_peer *peer)
+{
+    for (wstage *st = w->stages; st; st = st->link)
+        if (st->coord == peer) return st;
+    return w->stages;
+}
+
+static void front_unexpected(worker *w, xport_peer *peer, const char *what)
+{
+    w->dropped_frames++;
+    ST_WARN("worker: dropping a frame from %s: %s; disconnecting it", xport_peer_name(peer), what);
+    xport_peer_close(peer);
+}
+
 static void handle_control(worker *w, xport_peer *peer, const frame_header *h)
 {
     ctl_msg *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
     if (!m) {
-        unexpected(w, peer, "undecodable CONTROL message (%zu bytes)", h->control.len);
+        char msg[96];
+        snprintf(msg, sizeof msg, "undecodable CONTROL message (%zu bytes)", h->control.len);
+        front_unexpected(w, peer, msg);
         return;
     }
     switch (m->msg_case) {
-    case STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN: handle_assign(w, peer, m->assign); break;
-    case STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST: send_stats(w, peer, m->stats_request->request_id); break;
-    default: unexpected(w, peer, "CONTROL message %d is not for a worker", (int)m->msg_case); break;
+    case STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN: handle_assign_front(w, peer, m->assign); break;
+    case STRATA__V1__CONTROL_MESSAGE__MSG_RELEASE: handle_release(w, m->release->epoch); break;
+    case STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST: {
+        wstage *st = stage_for_peer(w, peer);
+        if (!st) st = stage_new(w, &(st_err){{0}});
+        if (st) send_stats(st, peer, m->stats_request->request_id);
+        break;
+    }
+    default: {
+        char msg[96];
+        snprintf(msg, sizeof msg, "CONTROL message %d is not for a worker", (int)m->msg_case);
+        front_unexpected(w, peer, msg);
+        break;
+    }
     }
     strata__v1__control_message__free_unpacked(m, NULL);
 }
 
 /* ---------------------------------------------------------------- ACTIVATIONS */
 
-static void handle_activations(worker *w, xport_peer *peer, const frame_header *h, const void *payload,
+static void handle_activations(wstage *w, xport_peer *peer, const frame_header *h, const void *payload,
                                size_t bytes)
 {
     if (w->state != W_READY) {
@@ -677,6 +885,13 @@ static void handle_activations(worker *w, xport_peer *peer, const frame_header *
         if (!(j->samples = calloc(c->n_seqs, sizeof *j->samples))) goto oom;
         j->cj.samples = j->samples;
     }
+    /* A sequence's first slice carries its request id: one log line per
+     * request and stage, so `journalctl STRATA_REQUEST_ID=...` follows it. */
+    for (size_t i = 0; i < h->n_seqs; i++)
+        if (h->seqs[i]->request_id && h->seqs[i]->request_id[0])
+            ST_REQ_INFO(h->seqs[i]->request_id, "worker: stage %u: seq %llu starts (batch %llu, %d prompt tokens in this slice)",
+                        h->stage, (unsigned long long)h->seqs[i]->seq_id, (unsigned long long)h->batch_id,
+                        (int)h->seqs[i]->n_tokens);
     ST_DEBUG("worker: batch %llu: %zu seqs, %lld tokens queued", (unsigned long long)h->batch_id, h->n_seqs,
              (long long)T);
     compute_submit(w->cq, &j->cj);
@@ -697,7 +912,7 @@ fail:
 static void fwd_sent(xport_peer *peer, int status, void *arg)
 {
     struct job *j = arg;
-    worker *w = j->w;
+    wstage *w = j->w;
     if (status != 0)
         batch_error(w, j, "sending to the next hop failed (peer lost)");
     else
@@ -705,7 +920,7 @@ static void fwd_sent(xport_peer *peer, int status, void *arg)
     job_free(w, j);
 }
 
-static void send_tokens(worker *w, struct job *j)
+static void send_tokens(wstage *w, struct job *j)
 {
     const frame_header *c = j->hdr;
     size_t n = 0;
@@ -771,7 +986,7 @@ out:
     free(topp);
 }
 
-static void forward_done(worker *w, struct job *j)
+static void forward_done(wstage *w, struct job *j)
 {
     if (j->gen != w->gen || w->state != W_READY || w->shutting_down) {
         ST_DEBUG("worker: batch %llu of an older assignment finished; dropped", (unsigned long long)j->hdr->batch_id);
@@ -816,7 +1031,7 @@ static void forward_done(worker *w, struct job *j)
 
 static void on_compute(evutil_socket_t fd, short what, void *arg)
 {
-    worker *w = arg;
+    wstage *w = arg;
     cjob *list = compute_take_done(w->cq);
     while (list) {
         cjob *cj = list;
@@ -837,9 +1052,8 @@ static void on_connect(xport_peer *peer, bool inbound, void *ud)
     ST_DEBUG("worker: %s peer %s", inbound ? "inbound" : "outbound", xport_peer_name(peer));
 }
 
-static void on_disconnect(xport_peer *peer, const char *reason, void *ud)
+static void stage_on_disconnect(wstage *w, xport_peer *peer, const char *reason)
 {
-    worker *w = ud;
     if (peer == w->coord) {
         w->coord = NULL;
         ST_WARN("worker: coordinator %s disconnected (%s); keeping the stage", xport_peer_name(peer), reason);
@@ -851,9 +1065,34 @@ static void on_disconnect(xport_peer *peer, const char *reason, void *ud)
         struct timeval tv = {(time_t)w->backoff, (suseconds_t)((w->backoff - (time_t)w->backoff) * 1e6)};
         evtimer_add(w->reconnect_ev, &tv);
         w->backoff = w->backoff * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : w->backoff * 2;
-        return;
+    }
+}
+
+static void on_disconnect(xport_peer *peer, const char *reason, void *ud)
+{
+    worker *w = ud;
+    for (wstage *st = w->stages; st; st = st->link) stage_on_disconnect(st, peer, reason);
+    for (wstage *st = w->released; st; st = st->link) {
+        if (st->coord == peer) st->coord = NULL;
+        if (st->next == peer) st->next = NULL;
     }
     ST_DEBUG("worker: peer %s gone (%s)", xport_peer_name(peer), reason);
+}
+
+/* Remembers the sequences of an ACTIVATIONS frame for worker_load_get. */
+static void note_load(worker *w, const frame_header *h)
+{
+    for (size_t i = 0; i < h->n_seqs; i++) {
+        const frame_seq *q = h->seqs[i];
+        int k = 0;
+        while (k < w->n_load && w->load_seq[k] != q->seq_id) k++;
+        if (k == w->n_load) {
+            if (w->n_load == LOAD_MAX_SEQS) continue;
+            w->n_load++;
+            w->load_seq[k] = q->seq_id;
+        }
+        w->load_blocks[k] = (int)q->n_block_table;
+    }
 }
 
 static void on_frame(xport_peer *peer, const frame_header *h, const void *payload, size_t bytes, void *ud)
@@ -862,8 +1101,25 @@ static void on_frame(xport_peer *peer, const frame_header *h, const void *payloa
     xport_peer_set_user(peer, w);
     switch (h->kind) {
     case STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL: handle_control(w, peer, h); break;
-    case STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS: handle_activations(w, peer, h, payload, bytes); break;
-    default: unexpected(w, peer, "frame kind %d is not for a worker", (int)h->kind); break;
+    case STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS: {
+        wstage *st = stage_by_epoch(w, h->epoch);
+        if (!st) st = w->stages;
+        if (!st) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "ACTIVATIONS (batch %llu) while no stage is ready", (unsigned long long)h->batch_id);
+            front_unexpected(w, peer, msg);
+            break;
+        }
+        note_load(w, h);
+        handle_activations(st, peer, h, payload, bytes);
+        break;
+    }
+    default: {
+        char msg[64];
+        snprintf(msg, sizeof msg, "frame kind %d is not for a worker", (int)h->kind);
+        front_unexpected(w, peer, msg);
+        break;
+    }
     }
 }
 
@@ -879,7 +1135,6 @@ worker *worker_create(struct event_base *base, const worker_opts *o, st_err *err
     w->base = base;
     w->t_start = now_s();
     w->n_threads = o->n_threads;
-    w->backoff = BACKOFF_MIN_S;
     xport_callbacks cb = {.on_connect = on_connect, .on_disconnect = on_disconnect, .on_frame = on_frame, .ud = w};
     w->x = xport_create(base, o->listen_host, o->listen_port, &cb, err);
     if (!w->x) goto fail;
@@ -887,14 +1142,20 @@ worker *worker_create(struct event_base *base, const worker_opts *o, st_err *err
         snprintf(w->name, sizeof w->name, "%s", o->name);
     else
         snprintf(w->name, sizeof w->name, "%s:%d", o->listen_host, xport_port(w->x));
-    w->cq = compute_create(err);
-    if (!w->cq) goto fail;
-    w->cq_ev = event_new(base, compute_fd(w->cq), EV_READ | EV_PERSIST, on_compute, w);
-    w->reconnect_ev = evtimer_new(base, on_reconnect, w);
-    if (!w->cq_ev || !w->reconnect_ev || event_add(w->cq_ev, NULL)) {
-        st_errf(err, "worker: cannot create events");
-        goto fail;
+    if (o->n_models > 0) {
+        w->models = calloc((size_t)o->n_models, sizeof *w->models);
+        if (!w->models) {
+            st_errf(err, "worker: out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < o->n_models; i++)
+            if (!(w->models[w->n_models++] = strdup(o->models[i]))) {
+                st_errf(err, "worker: out of memory");
+                goto fail;
+            }
     }
+    /* One idle stage from the start: StatsRequest before any assignment works as before. */
+    if (!stage_new(w, err)) goto fail;
     return w;
 fail:
     worker_destroy(w);
@@ -903,33 +1164,47 @@ fail:
 
 int worker_port(const worker *w) { return xport_port(w->x); }
 
+void worker_load_get(worker *w, worker_load *out)
+{
+    memset(out, 0, sizeof *out);
+    xport_stats xs;
+    xport_get_stats(w->x, &xs);
+    out->bytes_sent = xs.bytes_sent;
+    out->uptime_seconds = now_s() - w->t_start;
+    for (wstage *st = w->stages; st; st = st->link) {
+        compute_stats cs;
+        compute_get_stats(st->cq, &cs);
+        out->busy_seconds += cs.busy_seconds;
+        if (st->state == W_READY && st->info.kv_blocks > out->kv_blocks) out->kv_blocks = st->info.kv_blocks;
+        if (st->state == W_READY) out->n_stages++;
+    }
+    out->running_sequences = (uint32_t)w->n_load;
+    for (int i = 0; i < w->n_load; i++) out->kv_blocks_used += (uint32_t)w->load_blocks[i];
+    if (out->kv_blocks_used > (uint32_t)out->kv_blocks) out->kv_blocks_used = (uint32_t)out->kv_blocks;
+    w->n_load = 0;
+}
+
 void worker_destroy(worker *w)
 {
     if (!w) return;
     w->shutting_down = true;
-    if (w->cq) {
-        compute_stop(w->cq);
-        cjob *list = compute_take_done(w->cq);
-        while (list) {
-            cjob *cj = list;
-            list = cj->next;
-            if (cj->kind == CJOB_OPEN) {
-                struct open_job *oj = cj->user;
-                free(oj->model_path);
-                free(oj);
-            } else {
-                job_free(w, cj->user);
-            }
-        }
-        compute_free(w->cq);
+    for (wstage *st = w->stages; st; st = st->link) stage_stop(st);
+    for (wstage *st = w->stages; st; st = st->link) {
+        for (int i = 0; i < st->n_pool; i++) xport_mem_unregister(st->x, st->pool[i]);
+        st->n_pool = 0;
     }
-    if (w->cq_ev) event_free(w->cq_ev);
-    if (w->reconnect_ev) event_free(w->reconnect_ev);
-    if (w->x) {
-        for (int i = 0; i < w->n_pool; i++) xport_mem_unregister(w->x, w->pool[i]);
-        w->n_pool = 0;
-        xport_destroy(w->x); /* in-flight sends complete here: fwd_sent unregisters their buffers */
+    if (w->x) xport_destroy(w->x); /* in-flight sends complete here: fwd_sent unregisters their buffers */
+    while (w->stages) {
+        wstage *st = w->stages;
+        w->stages = st->link;
+        stage_free(st);
     }
-    assign_clear(&w->cur);
+    while (w->released) {
+        wstage *st = w->released;
+        w->released = st->link;
+        stage_free(st);
+    }
+    for (int i = 0; i < w->n_models; i++) free(w->models[i]);
+    free(w->models);
     free(w);
 }

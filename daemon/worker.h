@@ -2,6 +2,9 @@
  * plane (ib/transport.h) on a libevent loop.
  *
  * The worker listens on its data-plane address and waits for a coordinator.
+ * It may hold stages of several placement epochs at once (a live placement
+ * change loads the new one beside the old: StageAssign.keep_loaded, then
+ * StageRelease drops the old); frames are routed to a stage by their epoch.
  * CONTROL frames (proto/stage.proto, `strata.v1.Control`) assign the stage
  * (StageAssign -> StageReady) and query counters (StatsRequest -> StageStats).
  * ACTIVATIONS frames are checked on the loop thread (epoch, stage, shape,
@@ -19,6 +22,7 @@
 #define STRATA_DAEMON_WORKER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
@@ -31,7 +35,29 @@ typedef struct worker_opts {
     int listen_port;         /* 0 = ephemeral (see worker_port) */
     const char *name;        /* for logs and StageReady; NULL = "host:port" */
     int n_threads;           /* CPU threads for a stage when StageAssign says 0; 0 = all cores */
+    /* Model files this node has (live mode): a StageAssign whose model_path is
+     * a bare file name loads the listed file of that name. May be NULL. */
+    const char *const *models;
+    int n_models;
 } worker_opts;
+
+/* Load figures for the control plane's heartbeat (daemon/registration.h).
+ * running_sequences and kv_blocks_used are counted from the ACTIVATIONS
+ * frames seen since the previous call (distinct sequence ids; the sum of
+ * their block-table lengths, capped at kv_blocks), so call it once per
+ * heartbeat interval. */
+typedef struct worker_load {
+    uint32_t running_sequences;
+    uint32_t kv_blocks_used;
+    int kv_blocks;            /* KV blocks of the newest ready stage (0: none) */
+    int n_stages;             /* stages loaded (2 during a live placement change) */
+    double busy_seconds;      /* cumulative, all stages */
+    double uptime_seconds;
+    uint64_t bytes_sent;      /* data plane, cumulative */
+} worker_load;
+
+/* Fills *out (see worker_load) and starts a new window. Loop thread. */
+void worker_load_get(worker *w, worker_load *out);
 
 /* Starts listening and the compute thread. NULL + err on failure (bad
  * address, port in use, UCX error). */

@@ -1,6 +1,7 @@
 /* stage.c — a pipeline stage: loads its layers' Megatron shards on t rank
  * threads (one backend, pool and comm rank each) and runs the forward pass of
- * a micro-batch on them. See stage.h for the data flow and the collective
+ * a micro-batch on them. Backend "cpu" (shared-memory comm group) or "cuda"
+ * (rank r on GPU r, NCCL comm; only when built with STRATA_CUDA). See stage.h for the data flow and the collective
  * counts. */
 #include "engine/stage.h"
 
@@ -15,6 +16,10 @@
 #include "compute/backend.h"
 #include "compute/comm.h"
 #include "compute/cpu/threadpool.h"
+#ifdef STRATA_HAVE_CUDA
+#include "compute/cuda/backend_cuda.h"
+#include "compute/cuda/comm_nccl.h"
+#endif
 #include "model/gguf.h"
 #include "model/shard.h"
 
@@ -39,6 +44,8 @@ typedef struct rank_ctx {
     float *h_logits;         /* host copy [cap_s, n_vocab_local] */
     unsigned char *blob_send, *blob_recv; /* all-gather buffers (host) */
     size_t blob_cap_send, blob_cap_recv;
+    unsigned char *d_blob; /* backend "cuda": device all-gather buffer (send, then recv) */
+    size_t d_blob_cap;
     pthread_t thread;
     int started;
     double busy;
@@ -66,6 +73,8 @@ struct stage {
     gguf_file *f;
     int first, last, tp;
     comm_cpu_group *group;
+    struct comm_nccl_group *nccl; /* backend "cuda": one NCCL rank per GPU */
+    int cuda;                     /* backend "cuda" (else "cpu") */
     rank_ctx *ranks;
     float *rope_ff; /* host [n_rot/2] or NULL */
     /* rank thread control */
@@ -331,6 +340,12 @@ static int rank_prepare(rank_ctx *rc, int64_t T, int64_t S, st_err *err) {
             rc->blob_cap_recv = rc->blob_recv ? need_recv : 0;
         }
         if (!rc->blob_send || !rc->blob_recv) return st_errf(err, "out of memory for sampling");
+        if (s->cuda && need_send + need_recv > rc->d_blob_cap) {
+            be->ops->release(be, rc->d_blob);
+            rc->d_blob_cap = 0;
+            if (!(rc->d_blob = be->ops->alloc(be, need_send + need_recv, err))) return -1;
+            rc->d_blob_cap = need_send + need_recv;
+        }
     }
     return 0;
 }
@@ -340,6 +355,19 @@ static int rank_prepare(rank_ctx *rc, int64_t T, int64_t S, st_err *err) {
 static bool penalties_on(const sampler_params *p) {
     return (p->repeat_penalty != 1.0f && p->repeat_last_n != 0) || p->presence_penalty != 0.0f ||
            p->frequency_penalty != 0.0f;
+}
+
+/* The sampling all-gather of `bytes` per rank: host blobs on the CPU backend;
+ * NCCL wants device memory, so the cuda backend goes through rc->d_blob. The
+ * collective is made even when the upload failed (see rank_forward). */
+static int rank_all_gather(rank_ctx *rc, size_t bytes, st_err *err) {
+    if (!rc->s->cuda) return comm_all_gather(rc->c, rc->blob_send, rc->blob_recv, bytes, err);
+    backend *be = rc->be;
+    st_err e2;
+    int up = be->ops->upload(be, rc->d_blob, rc->blob_send, bytes, err);
+    int ag = comm_all_gather(rc->c, rc->d_blob, rc->d_blob + bytes, bytes, up ? &e2 : err);
+    if (up || ag) return -1;
+    return be->ops->download(be, rc->blob_recv, rc->d_blob + bytes, bytes * (size_t)rc->s->tp, err);
 }
 
 /* The forward of one rank. Once an op fails, the rank stops computing but
@@ -434,7 +462,7 @@ static void rank_forward(rank_ctx *rc) {
                                      rc->blob_send + (size_t)j * bb, err));
             if (hp) sampler_history_free(hp);
         }
-        COLL(comm_all_gather(rc->c, rc->blob_send, rc->blob_recv, bb * (size_t)S, &_e));
+        COLL(rank_all_gather(rc, bb * (size_t)S, &_e));
         if (rc->rank == 0 && rc_ == 0) {
             /* recv is [rank][seq] blobs; the merge wants one seq's blobs in rank order. */
             unsigned char *tmp = malloc(bb * (size_t)s->tp);
@@ -452,6 +480,14 @@ static void rank_forward(rank_ctx *rc) {
 #undef OP
 #undef COLL
     rc->rc = rc_;
+}
+
+/* The rank's backend: a CUDA backend on its NCCL rank's GPU, or the CPU one. */
+static backend *rank_backend(rank_ctx *rc, st_err *err) {
+#ifdef STRATA_HAVE_CUDA
+    if (rc->s->cuda) return backend_cuda_new(comm_nccl_device(rc->c), err);
+#endif
+    return backend_cpu_new(rc->n_threads, err);
 }
 
 static void *rank_main(void *arg) {
@@ -473,7 +509,7 @@ static void *rank_main(void *arg) {
         rc->rc = 0;
         if (phase == 0) {
             st_err e;
-            rc->be = backend_cpu_new(rc->n_threads, &e);
+            rc->be = rank_backend(rc, &e);
             if (!rc->be) {
                 rc->err = e;
                 rc->rc = -1;
@@ -539,6 +575,7 @@ static void rank_release(rank_ctx *rc) {
     free(rc->h_logits);
     free(rc->blob_send);
     free(rc->blob_recv);
+    o->release(be, rc->d_blob);
     backend_free(be);
     rc->be = NULL;
 }
@@ -556,6 +593,9 @@ void stage_close(stage *s) {
         free(s->ranks);
     }
     if (s->group) comm_cpu_group_free(s->group);
+#ifdef STRATA_HAVE_CUDA
+    if (s->nccl) comm_nccl_group_free(s->nccl);
+#endif
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_go);
     pthread_cond_destroy(&s->cv_done);
@@ -574,9 +614,26 @@ stage *stage_open(const stage_params *pin, st_err *err) {
         st_errf(err, "stage: no model path");
         return NULL;
     }
-    if (pin->backend && strcmp(pin->backend, "cpu") != 0) {
-        st_errf(err, "stage: backend '%s' is not available (only 'cpu')", pin->backend);
+    const bool want_cuda = pin->backend && strcmp(pin->backend, "cuda") == 0;
+    if (pin->backend && strcmp(pin->backend, "cpu") != 0 && !want_cuda) {
+        st_errf(err, "stage: backend '%s' is not available ('cpu' or 'cuda')", pin->backend);
         return NULL;
+    }
+    if (want_cuda) {
+#ifdef STRATA_HAVE_CUDA
+        int n_dev = backend_cuda_device_count();
+        if (n_dev == 0) {
+            st_errf(err, "stage: backend cuda: no CUDA device");
+            return NULL;
+        }
+        if (pin->tp > n_dev) {
+            st_errf(err, "stage: backend cuda: TP %d needs one device per rank, %d visible", pin->tp, n_dev);
+            return NULL;
+        }
+#else
+        st_errf(err, "stage: backend cuda: not built with CUDA");
+        return NULL;
+#endif
     }
     stage *s = calloc(1, sizeof *s);
     if (!s) {
@@ -587,6 +644,7 @@ stage *stage_open(const stage_params *pin, st_err *err) {
     pthread_cond_init(&s->cv_go, NULL);
     pthread_cond_init(&s->cv_done, NULL);
     s->p = *pin;
+    s->cuda = want_cuda;
     if (s->p.block_size == 0) s->p.block_size = 16;
     if (s->p.kv_type != GGML_TYPE_F32 && s->p.kv_type != GGML_TYPE_F16) {
         st_errf(err, "stage: KV cache type %s is not supported (f32 or f16)", ggml_type_name(s->p.kv_type));
@@ -635,9 +693,17 @@ stage *stage_open(const stage_params *pin, st_err *err) {
         if (rc->n_threads < 1) rc->n_threads = 1;
         s->load_total += plan_bytes(s, &rc->plan);
     }
-    s->group = comm_cpu_group_new(s->tp, err);
-    if (!s->group) goto fail;
-    for (int r = 0; r < s->tp; r++) s->ranks[r].c = comm_cpu_rank(s->group, r);
+    if (s->cuda) {
+#ifdef STRATA_HAVE_CUDA
+        s->nccl = comm_nccl_group_new(s->tp, err);
+        if (!s->nccl) goto fail;
+        for (int r = 0; r < s->tp; r++) s->ranks[r].c = comm_nccl_rank(s->nccl, r);
+#endif
+    } else {
+        s->group = comm_cpu_group_new(s->tp, err);
+        if (!s->group) goto fail;
+        for (int r = 0; r < s->tp; r++) s->ranks[r].c = comm_cpu_rank(s->group, r);
+    }
     for (int r = 0; r < s->tp; r++) {
         if (pthread_create(&s->ranks[r].thread, NULL, rank_main, &s->ranks[r]) != 0) {
             st_errf(err, "stage: cannot start rank thread %d", r);

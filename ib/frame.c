@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/dtype.h"
 
@@ -67,6 +68,8 @@ int frame_validate(const frame_header *h, size_t payload_bytes, st_err *err)
         if (!s) return st_errf(err, "frame: seq %zu missing", i);
         if (s->n_tokens < 1) return st_errf(err, "frame: seq %zu: n_tokens %d < 1", i, (int)s->n_tokens);
         if (s->pos < 0) return st_errf(err, "frame: seq %zu: pos %d < 0", i, (int)s->pos);
+        if (s->request_id && strlen(s->request_id) > FRAME_MAX_REQUEST_ID)
+            return st_errf(err, "frame: seq %zu: request_id longer than %d bytes", i, FRAME_MAX_REQUEST_ID);
         if (s->n_block_table == 0) return st_errf(err, "frame: seq %zu: empty block table", i);
         if (s->n_block_table > FRAME_MAX_BLOCKS)
             return st_errf(err, "frame: seq %zu: %zu blocks exceeds %d", i, s->n_block_table, FRAME_MAX_BLOCKS);

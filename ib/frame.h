@@ -29,6 +29,7 @@ typedef Strata__V1__TopLogprob frame_top_logprob;
 #define FRAME_MAX_SEQS 4096               /* seqs (and results) per frame */
 #define FRAME_MAX_BLOCKS 1048576          /* block ids per sequence */
 #define FRAME_MAX_TOP_LOGPROBS 20         /* n_top_logprobs and len(top) */
+#define FRAME_MAX_REQUEST_ID 64           /* bytes of SeqRecord.request_id */
 #define FRAME_MAX_CONTROL 65536           /* bytes of `control` */
 #define FRAME_MAX_PAYLOAD (512ull << 20)  /* payload bytes (512 MiB) */
 #define FRAME_MAX_HEADER (64u << 20)      /* packed header bytes (64 MiB) */

@@ -30,6 +30,25 @@ void ops_attend_head_f16(float *out, const float *q, const uint16_t *kcache, con
                          const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off,
                          int head_dim, int32_t n_pos, float scale, float *scratch);
 
+/* The same kernels at one SIMD level each. ops_attend_head_f32/_f16 above
+ * pick one at run time (the level cpu_simd_level() reports; scalar when
+ * head_dim > OPS_ATTN_SIMD_MAX_HEAD_DIM or kv_stride > 2^24). All levels give
+ * bit-identical results: the SIMD ones vectorize across positions (scores)
+ * and head dims (V sum) but keep each output's f32 multiply/add sequence and
+ * libm's expf. _avx2 needs AVX2+FMA+F16C, _avx512 AVX-512 F+BW+VL; call them
+ * only on such a CPU. */
+#define OPS_ATTN_SIMD_MAX_HEAD_DIM 256
+#define OPS_ATTN_DECL(name, T)                                                                    \
+    void name(float *out, const float *q, const T *kcache, const T *vcache,                       \
+              const int32_t *block_table, int bs, int64_t kv_stride, int64_t kv_off, int head_dim, \
+              int32_t n_pos, float scale, float *scratch)
+OPS_ATTN_DECL(ops_attend_head_f32_scalar, float);
+OPS_ATTN_DECL(ops_attend_head_f32_avx2, float);
+OPS_ATTN_DECL(ops_attend_head_f32_avx512, float);
+OPS_ATTN_DECL(ops_attend_head_f16_scalar, uint16_t);
+OPS_ATTN_DECL(ops_attend_head_f16_avx2, uint16_t);
+OPS_ATTN_DECL(ops_attend_head_f16_avx512, uint16_t);
+
 /* out[i] = silu(gate[i]) * up[i] for i in [i0, i1). */
 void ops_swiglu(float *out, const float *gate, const float *up, int64_t i0, int64_t i1);
 

@@ -8,7 +8,7 @@
 int main(void) {
     compl_request r;
     compl_error e;
-    compl_limits lim = {128, "m"};
+    compl_limits lim = {128, "m", 0};
     const char *b = "{\"prompt\":\"Hello\",\"stop\":[\"\\n\\n\",\"END\"],\"top_k\":-1,\"seed\":-5}";
     REQUIRE_MSG(compl_parse(b, strlen(b), &lim, &r, &e) == 0, "%s", e.message);
     CHECK_EQ_STR(r.prompt, "Hello");

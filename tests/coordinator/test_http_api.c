@@ -527,7 +527,7 @@ int main(void) {
     eng.n_script = 7;
     eng.n_ctx = 256;
     coord_engine ce = replay_engine_iface(&eng);
-    http_api_config cfg = {"127.0.0.1", 0, 1u << 20, "tiny", 256};
+    http_api_config cfg = {"127.0.0.1", 0, 1u << 20, "tiny", 256, NULL};
     st_err err;
     api = http_api_create(base, &cfg, &ce, &err);
     REQUIRE_MSG(api, "%s", err.msg);

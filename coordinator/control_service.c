@@ -1,0 +1,1069 @@
+/* control_service.c — the live control plane (control_service.h): gRPC
+ * handlers of strata.v1.Control, the serving engine that forwards to the
+ * cluster of the serving epoch, placement changes (start, switch, release),
+ * start-up (restore or auto place) and the periodic tick (failure detection,
+ * retiring old clusters). */
+#include "coordinator/control_service.h"
+
+#include <event2/event.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "coordinator/cluster.h"
+#include "coordinator/placement.h"
+#include "coordinator/state_file.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "proto/control.pb-c.h"
+#include "rpc/grpc_loop.h"
+#include "rpc/grpc_server.h"
+
+#define SVC "/strata.v1.Control/"
+#define RETIRE_AFTER_S 1.0   /* an old cluster lives on this long after StageRelease */
+#define SWITCH_POLL_US 2000  /* waiting for the old epoch's in-flight batches */
+#define RETRY_START_S 2.0
+
+/* One placement epoch being loaded or served: its cluster and its config. */
+typedef struct run {
+    ctl_service *s;
+    placement pl;
+    coord_config cfg;        /* shallow copy of the live config; stages below */
+    coord_stage_cfg *stages;
+    cluster *cl;
+    bool ready, failed;
+    char fail_msg[ST_ERR_MSG_MAX];
+    double retire_at;
+    struct run *next;        /* the retired list */
+} run;
+
+/* A request through the engine: which cluster holds it now. */
+typedef struct lreq {
+    struct lreq *prev, *next;
+    ctl_service *s;
+    uint64_t id;             /* the id the HTTP layer / Generate knows */
+    run *r;
+    uint64_t cid;            /* the id in r->cl */
+    coord_sink sink;
+    void *ctx;
+} lreq;
+
+/* An open Generate stream. */
+typedef struct gen_stream {
+    struct gen_stream *prev, *next;
+    ctl_service *s;
+    rpc_call *call;
+    compl_request req;
+    uint64_t id;
+    uint32_t n_prompt, n_gen;
+    char *pend;              /* bytes of an incomplete UTF-8 sequence */
+    size_t n_pend;
+} gen_stream;
+
+struct ctl_service {
+    struct event_base *base;
+    ctl_opts o;
+    char model_file[256];    /* the model's file name: workers resolve it */
+    char model_sha[65];
+    place_model pm;
+    registry reg;
+    placement saved;         /* restored from the state file, not yet serving */
+    uint64_t last_epoch;
+    run *cur, *pend, *from;  /* serving, loading, being switched away from */
+    run *retired;
+    lreq *reqs;
+    uint64_t next_id;
+    gen_stream *streams;
+    rpc_server *srv;
+    rpc_loop *loop;
+    struct event *tick_ev, *switch_ev;
+    double t0, retry_at;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- model */
+
+static int file_sha256(const char *path, char hex[65], st_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return st_errf(err, "%s: cannot open", path);
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned char md[32], *buf = malloc(1 << 20);
+    unsigned int mdlen = 0;
+    int rc = -1;
+    if (ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1) {
+        size_t n;
+        rc = 0;
+        while ((n = fread(buf, 1, 1 << 20, f)) > 0)
+            if (EVP_DigestUpdate(ctx, buf, n) != 1) rc = -1;
+        if (ferror(f) || (rc == 0 && EVP_DigestFinal_ex(ctx, md, &mdlen) != 1)) rc = -1;
+    }
+    free(buf);
+    EVP_MD_CTX_free(ctx);
+    fclose(f);
+    if (rc || mdlen != 32) return st_errf(err, "%s: cannot hash", path);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return 0;
+}
+
+static int model_info(ctl_service *s, st_err *err) {
+    const coord_config *cfg = s->o.cfg;
+    gguf_file *gf = gguf_open(cfg->model, err);
+    if (!gf) return -1;
+    llama_config mc;
+    if (llama_config_from_gguf(gf, &mc, err) != 0) {
+        gguf_close(gf);
+        return -1;
+    }
+    if (mc.n_layer > PLACE_MAX_STAGES) {
+        gguf_close(gf);
+        return st_errf(err, "%s: %d layers (at most %d)", cfg->model, mc.n_layer, PLACE_MAX_STAGES);
+    }
+    place_model *m = &s->pm;
+    memset(m, 0, sizeof *m);
+    m->n_layers = mc.n_layer;
+    uint64_t embd = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(gf); i++) {
+        const gguf_tensor *t = gguf_tensor_at(gf, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
+        int l;
+        if (sscanf(name, "blk.%d.", &l) == 1 && l >= 0 && l < mc.n_layer)
+            m->layer_bytes[l] += t->nbytes;
+        else if (!strcmp(name, "token_embd.weight"))
+            embd = t->nbytes;
+        else if (!strncmp(name, "output", 6))
+            m->head_bytes += t->nbytes;
+    }
+    m->embd_bytes = embd;
+    if (mc.tied_output) m->head_bytes += embd;
+    m->kv_bytes_per_layer = (uint64_t)cfg->kv_blocks * (uint64_t)cfg->kv_block_size * 2u *
+                            (uint64_t)mc.n_head_kv * (uint64_t)mc.head_dim * sizeof(float);
+    gguf_close(gf);
+    const char *b = strrchr(cfg->model, '/');
+    snprintf(s->model_file, sizeof s->model_file, "%s", b ? b + 1 : cfg->model);
+    return file_sha256(cfg->model, s->model_sha, err);
+}
+
+/* ---------------------------------------------------------------- state */
+
+static void save_state(ctl_service *s) {
+    st_err err = {{0}};
+    const placement *p = s->cur ? &s->cur->pl : &s->saved;
+    if (state_save(s->o.state_path, p, s->last_epoch, s->model_sha, &s->reg, &err) != 0)
+        ST_ERROR("control: cannot save the state: %s", err.msg);
+}
+
+/* ---------------------------------------------------------------- nodes */
+
+static uint64_t node_memory(const reg_node *n) {
+    if (!strcmp(n->device_kind, "cpu")) return n->host_memory;
+    return (uint64_t)n->device_count * n->device_memory;
+}
+
+static int node_tp(const reg_node *n) {
+    return !strcmp(n->device_kind, "cpu") ? 1 : (int)n->device_count;
+}
+
+static int cmp_node(const void *a, const void *b) {
+    return strcmp(((const place_node *)a)->name, ((const place_node *)b)->name);
+}
+
+/* The usable nodes (not draining, registered or ready), sorted by name;
+ * `except` is left out. */
+static int usable_nodes(ctl_service *s, place_node *out, const char *except) {
+    int k = 0;
+    for (int i = 0; i < s->reg.n && k < PLACE_NODE_MAX; i++) {
+        const reg_node *n = &s->reg.nodes[i];
+        if (!registry_usable(n) || (except && !strcmp(n->name, except))) continue;
+        out[k++] = (place_node){n->name, node_memory(n), node_tp(n)};
+    }
+    qsort(out, (size_t)k, sizeof *out, cmp_node);
+    return k;
+}
+
+/* ---------------------------------------------------------------- runs */
+
+static void run_free(run *r) {
+    if (!r) return;
+    cluster_destroy(r->cl);
+    free(r->stages);
+    free(r);
+}
+
+static void retire(ctl_service *s, run *r, double after_s) {
+    r->retire_at = now_s() + after_s;
+    r->next = s->retired;
+    s->retired = r;
+}
+
+static void run_on_ready(void *ud);
+static void run_on_fatal(void *ud, const char *msg);
+
+/* Starts loading placement pl (its epoch set) as a new cluster. */
+static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
+    run *r = calloc(1, sizeof *r);
+    if (r) r->stages = calloc((size_t)pl->n_stages, sizeof *r->stages);
+    if (!r || !r->stages) {
+        run_free(r);
+        return st_errf(err, "out of memory"), NULL;
+    }
+    r->s = s;
+    r->pl = *pl;
+    place_range ranges[PLACE_NODE_MAX];
+    for (int i = 0; i < pl->n_stages; i++) {
+        const place_stage *ps = &pl->st[i];
+        reg_node *n = registry_find(&s->reg, ps->node);
+        coord_stage_cfg *cs = &r->stages[i];
+        snprintf(cs->name, sizeof cs->name, "%s", ps->node);
+        cs->tp = ps->tp > 0 ? ps->tp : 1;
+        if (!n || coord_parse_hostport(n->data_address, cs->host, sizeof cs->host, &cs->port, 0, err) != 0) {
+            if (!n) st_errf(err, "node %s is not registered", ps->node);
+            run_free(r);
+            return NULL;
+        }
+        ranges[i].first = ps->first;
+        ranges[i].last = ps->last + 1;
+    }
+    r->cfg = *s->o.cfg;
+    r->cfg.model = s->model_file; /* the workers resolve the file name */
+    r->cfg.stages = r->stages;
+    r->cfg.n_stages = pl->n_stages;
+    r->cfg.n_partition = 0;
+    if (r->cfg.max_inflight && r->cfg.max_inflight < pl->n_stages) r->cfg.max_inflight = 0;
+    cluster_opts co = {.cfg = &r->cfg,
+                       .ranges = ranges,
+                       .n_ctx = s->o.n_ctx,
+                       .vocab = s->o.vocab,
+                       .ready_timeout_s = s->o.ready_timeout_s,
+                       .on_fatal = run_on_fatal,
+                       .on_ready = run_on_ready,
+                       .ud = r,
+                       .epoch = pl->epoch,
+                       .keep_loaded = true};
+    r->cl = cluster_create(s->base, &co, err);
+    if (!r->cl) {
+        run_free(r);
+        return NULL;
+    }
+    char line[1024] = "";
+    size_t off = 0;
+    for (int i = 0; i < pl->n_stages && off < sizeof line - 80; i++)
+        off += (size_t)snprintf(line + off, sizeof line - off, "%s%s:%d-%d", i ? "," : "", pl->st[i].node,
+                                pl->st[i].first, pl->st[i].last);
+    ST_INFO("control: loading placement epoch %" PRIu64 ": %s", pl->epoch, line);
+    return r;
+}
+
+/* Every request whose cluster is `from` now lives in `to` under new_id. */
+static void on_moved(void *ud, uint64_t old_id, uint64_t new_id) {
+    ctl_service *s = ud;
+    for (lreq *q = s->reqs; q; q = q->next)
+        if (q->r == s->from && q->cid == old_id) {
+            if (new_id) {
+                q->r = s->cur;
+                q->cid = new_id;
+            }
+            return;
+        }
+}
+
+/* The old epoch has no batch in flight any more: move its sequences over. */
+static void try_finish_switch(evutil_socket_t fd, short what, void *arg) {
+    ctl_service *s = arg;
+    run *from = s->from;
+    if (!from) return;
+    if (cluster_inflight(from->cl) > 0) {
+        struct timeval tv = {0, SWITCH_POLL_US};
+        evtimer_add(s->switch_ev, &tv);
+        return;
+    }
+    int n = cluster_move_requests(from->cl, s->cur->cl, on_moved, s);
+    cluster_release_workers(from->cl);
+    ST_INFO("control: switched from epoch %" PRIu64 " to %" PRIu64 "; %d running sequence(s) moved "
+            "(re-prefilled on the new stages)",
+            from->pl.epoch, s->cur->pl.epoch, n);
+    s->from = NULL;
+    retire(s, from, RETIRE_AFTER_S);
+}
+
+static void run_on_ready(void *ud) {
+    run *r = ud;
+    ctl_service *s = r->s;
+    r->ready = true;
+    if (r != s->pend) return;
+    s->pend = NULL;
+    if (!s->cur) {
+        s->cur = r;
+        memset(&s->saved, 0, sizeof s->saved);
+        ST_INFO("control: serving placement epoch %" PRIu64 " (%d stages)", r->pl.epoch, r->pl.n_stages);
+        printf("strata-coordinator: serving placement epoch %" PRIu64 "\n", r->pl.epoch);
+        fflush(stdout);
+        save_state(s);
+        return;
+    }
+    /* Atomic switch between steps: the old epoch launches nothing more; new
+     * requests go to the new one; running sequences follow once the old
+     * epoch's in-flight batches are back. */
+    s->from = s->cur;
+    cluster_pause(s->from->cl);
+    s->cur = r;
+    save_state(s);
+    try_finish_switch(-1, 0, s);
+}
+
+static void run_on_fatal(void *ud, const char *msg) {
+    run *r = ud;
+    r->failed = true;
+    snprintf(r->fail_msg, sizeof r->fail_msg, "%s", msg);
+    event_active(r->s->tick_ev, 0, 0); /* dropped from the tick, outside the cluster's callback */
+}
+
+/* A change to pl (epoch assigned here). */
+static int change_placement(ctl_service *s, placement *pl, int *code, st_err *err) {
+    if (s->pend || s->from) {
+        *code = RPC_FAILED_PRECONDITION;
+        return st_errf(err, "placement epoch %" PRIu64 " is still %s; try again when it serves",
+                       s->pend ? s->pend->pl.epoch : s->cur->pl.epoch, s->pend ? "loading" : "switching");
+    }
+    pl->epoch = s->last_epoch + 1;
+    run *r = start_run(s, pl, err);
+    if (!r) {
+        *code = RPC_INTERNAL;
+        return -1;
+    }
+    s->last_epoch = pl->epoch;
+    s->pend = r;
+    save_state(s);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the tick */
+
+static void tick(evutil_socket_t fd, short what, void *arg) {
+    ctl_service *s = arg;
+    double t = now_s();
+    registry_tick(&s->reg, t);
+    if (s->pend && s->pend->failed) {
+        ST_ERROR("control: placement epoch %" PRIu64 " failed to load: %s%s", s->pend->pl.epoch,
+                 s->pend->fail_msg, s->cur ? "; the current placement keeps serving" : "; retrying");
+        retire(s, s->pend, 0);
+        s->pend = NULL;
+        s->retry_at = t + RETRY_START_S;
+    }
+    for (run **pp = &s->retired; *pp;) {
+        run *r = *pp;
+        if (t >= r->retire_at) {
+            *pp = r->next;
+            run_free(r);
+        } else {
+            pp = &r->next;
+        }
+    }
+    if (!s->cur && !s->pend && t >= s->retry_at) {
+        st_err err = {{0}};
+        int code = 0;
+        if (s->saved.epoch) {
+            bool all = true;
+            for (int i = 0; i < s->saved.n_stages && all; i++) {
+                reg_node *n = registry_find(&s->reg, s->saved.st[i].node);
+                all = n && registry_usable(n);
+            }
+            if (all) {
+                s->pend = start_run(s, &s->saved, &err);
+                if (!s->pend) {
+                    ST_ERROR("control: cannot restore placement epoch %" PRIu64 ": %s", s->saved.epoch, err.msg);
+                    s->retry_at = t + RETRY_START_S;
+                }
+            }
+        } else {
+            place_node nodes[PLACE_NODE_MAX];
+            int n = usable_nodes(s, nodes, NULL);
+            if (n >= s->o.min_workers) {
+                placement pl;
+                if (place_auto(&s->pm, nodes, n, &pl, &code, &err) != 0 ||
+                    change_placement(s, &pl, &code, &err) != 0) {
+                    ST_ERROR("control: automatic placement: %s", err.msg);
+                    s->retry_at = t + RETRY_START_S;
+                }
+            }
+        }
+    }
+    if (!event_pending(s->tick_ev, EV_TIMEOUT, NULL)) {
+        uint32_t ms = s->reg.heartbeat_ms / 4;
+        if (ms < 10) ms = 10;
+        if (ms > 250) ms = 250;
+        struct timeval tv = {0, (int)ms * 1000};
+        evtimer_add(s->tick_ev, &tv);
+    }
+}
+
+/* ---------------------------------------------------------------- the engine */
+
+static void lreq_unlink(ctl_service *s, lreq *q) {
+    if (q->prev)
+        q->prev->next = q->next;
+    else if (s->reqs == q)
+        s->reqs = q->next;
+    if (q->next) q->next->prev = q->prev;
+    q->prev = q->next = NULL;
+}
+
+static void lr_on_prompt(void *ctx, const int32_t *ids, int n) {
+    lreq *q = ctx;
+    q->sink.on_prompt(q->ctx, ids, n);
+}
+static void lr_on_token(void *ctx, int32_t id, const char *piece, size_t len, const compl_logprobs *lp) {
+    lreq *q = ctx;
+    q->sink.on_token(q->ctx, id, piece, len, lp);
+}
+static void lr_on_finish(void *ctx, enum coord_finish reason, const char *message) {
+    lreq *q = ctx;
+    coord_sink sink = q->sink;
+    void *uctx = q->ctx;
+    lreq_unlink(q->s, q);
+    free(q);
+    sink.on_finish(uctx, reason, message);
+}
+static const coord_sink lr_sink = {lr_on_prompt, lr_on_token, lr_on_finish};
+
+static int eng_submit(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
+                      uint64_t *id_out, st_err *err) {
+    ctl_service *s = impl;
+    if (!s->cur || !cluster_is_ready(s->cur->cl)) {
+        int ready = 0;
+        for (int i = 0; i < s->reg.n; i++) ready += registry_usable(&s->reg.nodes[i]);
+        return st_errf(err, "no placement is serving yet (%d usable node(s) registered%s)", ready,
+                       s->pend ? ", a placement is loading" : ""),
+               COORD_EUNAVAIL;
+    }
+    lreq *q = calloc(1, sizeof *q);
+    if (!q) return st_errf(err, "out of memory"), COORD_EINTERNAL;
+    q->s = s;
+    q->sink = *sink;
+    q->ctx = ctx;
+    q->r = s->cur;
+    coord_engine e = cluster_engine(s->cur->cl);
+    int rc = e.ops->submit(e.impl, req, &lr_sink, q, &q->cid, err);
+    if (rc != COORD_OK) {
+        free(q);
+        return rc;
+    }
+    q->id = ++s->next_id;
+    q->next = s->reqs;
+    if (s->reqs) s->reqs->prev = q;
+    s->reqs = q;
+    *id_out = q->id;
+    return COORD_OK;
+}
+
+static void eng_cancel(void *impl, uint64_t id) {
+    ctl_service *s = impl;
+    for (lreq *q = s->reqs; q; q = q->next)
+        if (q->id == id) {
+            coord_engine e = cluster_engine(q->r->cl);
+            lreq_unlink(s, q);
+            e.ops->cancel(e.impl, q->cid);
+            free(q);
+            return;
+        }
+}
+
+static int eng_health(void *impl, st_err *err) {
+    ctl_service *s = impl;
+    if (!s->cur) return st_errf(err, "no placement is serving yet%s", s->pend ? " (loading)" : "");
+    coord_engine e = cluster_engine(s->cur->cl);
+    return e.ops->health(e.impl, err);
+}
+
+static char *eng_stages_json(void *impl) {
+    ctl_service *s = impl;
+    if (!s->cur) return strdup("{\"ready\":false,\"stages\":[]}");
+    coord_engine e = cluster_engine(s->cur->cl);
+    return e.ops->stages_json ? e.ops->stages_json(e.impl) : NULL;
+}
+
+static void eng_stats(void *impl, coord_engine_stats *out) {
+    ctl_service *s = impl;
+    memset(out, 0, sizeof *out);
+    if (s->cur) {
+        coord_engine e = cluster_engine(s->cur->cl);
+        if (e.ops->stats) e.ops->stats(e.impl, out);
+    }
+    /* Workers: the registry's view (state names of registry.h). */
+    double t = now_s();
+    out->n_workers = 0;
+    for (int i = 0; i < s->reg.n && out->n_workers < COORD_STATS_MAX_STAGES; i++) {
+        const reg_node *n = &s->reg.nodes[i];
+        coord_worker_stats *w = &out->workers[out->n_workers++];
+        snprintf(w->name, sizeof w->name, "%s", n->name);
+        w->state = registry_state_name(n->state);
+        w->heartbeat_age_s = n->state ? t - n->last_seen : -1.0;
+    }
+}
+
+static const coord_engine_ops ctl_ops = {eng_submit, eng_cancel, eng_health, eng_stages_json, eng_stats};
+
+coord_engine ctl_engine(ctl_service *s) {
+    coord_engine e = {&ctl_ops, s};
+    return e;
+}
+
+const registry *ctl_registry(const ctl_service *s) { return &s->reg; }
+
+/* ---------------------------------------------------------------- gRPC helpers */
+
+static void reply(rpc_call *c, const ProtobufCMessage *m) {
+    size_t len = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) {
+        rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    protobuf_c_message_pack(m, buf);
+    rpc_call_reply(c, buf, len);
+    free(buf);
+}
+
+static bool is_hex64(const char *h) {
+    return h && strlen(h) == 64 && strspn(h, "0123456789abcdef") == 64;
+}
+
+/* ---------------------------------------------------------------- Register / Heartbeat */
+
+static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    const Strata__V1__RegisterRequest *r = (const void *)req->msg;
+    const Strata__V1__ModelFile *mine = NULL;
+    for (size_t i = 0; i < r->n_models; i++) {
+        if (!is_hex64(r->models[i]->sha256)) {
+            rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "Register: model %s: sha256 must be 64 lowercase hex digits",
+                             r->models[i]->name);
+            return;
+        }
+        if (!strcmp(r->models[i]->name, s->model_file)) mine = r->models[i];
+    }
+    if (!r->node[0]) {
+        rpc_call_finish(c, RPC_INVALID_ARGUMENT, "Register: empty node name");
+        return;
+    }
+    if (!mine) {
+        rpc_call_finishf(c, RPC_FAILED_PRECONDITION,
+                         "Register: node %s does not have the cluster's model %s (it lists %zu model file(s))",
+                         r->node, s->model_file, r->n_models);
+        return;
+    }
+    if (strcmp(mine->sha256, s->model_sha)) {
+        rpc_call_finishf(c, RPC_FAILED_PRECONDITION,
+                         "Register: node %s: model %s has sha256 %.16s..., the cluster's is %.16s... "
+                         "(a different file)",
+                         r->node, mine->name, mine->sha256, s->model_sha);
+        return;
+    }
+    reg_info in = {.name = r->node,
+                   .device_kind = r->n_devices ? r->devices[0]->kind : "cpu",
+                   .device_count = r->n_devices ? r->devices[0]->count : 1,
+                   .device_memory = r->n_devices ? r->devices[0]->memory_bytes : r->host_memory_bytes,
+                   .host_memory = r->host_memory_bytes,
+                   .numa_nodes = r->numa_nodes,
+                   .data_address = r->data_address};
+    st_err err = {{0}};
+    uint64_t lease = 0;
+    bool known = registry_find(&s->reg, r->node) != NULL;
+    if (registry_register(&s->reg, &in, now_s(), &lease, &err) != 0) {
+        rpc_call_finish(c, RPC_INVALID_ARGUMENT, err.msg);
+        return;
+    }
+    if (!known) save_state(s);
+    Strata__V1__RegisterReply out = STRATA__V1__REGISTER_REPLY__INIT;
+    out.lease_id = lease;
+    out.heartbeat_interval_ms = s->reg.heartbeat_ms;
+    out.suspect_after_missed = s->reg.suspect_after_missed;
+    out.dead_after_ms = s->reg.dead_after_ms;
+    out.placement_epoch = s->cur ? s->cur->pl.epoch : 0;
+    reply(c, &out.base);
+    event_active(s->tick_ev, 0, 0);
+}
+
+static void h_heartbeat(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    const Strata__V1__HeartbeatRequest *r = (const void *)req->msg;
+    reg_load l = {r->running_sequences, r->kv_blocks_used, r->kv_blocks_free, r->busy_fraction, r->bytes_sent};
+    Strata__V1__HeartbeatReply out = STRATA__V1__HEARTBEAT_REPLY__INIT;
+    out.reregister = registry_heartbeat(&s->reg, r->node, r->lease_id, &l, now_s()) != 0;
+    out.placement_epoch = s->cur ? s->cur->pl.epoch : 0;
+    reply(c, &out.base);
+}
+
+/* ---------------------------------------------------------------- status / nodes */
+
+static void h_status(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    Strata__V1__GetStatusReply out = STRATA__V1__GET_STATUS_REPLY__INIT;
+    out.version = "strata-coordinator 0.1 (live)";
+    out.model = s->model_file;
+    out.n_layers = (uint32_t)s->pm.n_layers;
+    out.placement_epoch = s->cur ? s->cur->pl.epoch : 0;
+    out.n_stages = s->cur ? (uint32_t)s->cur->pl.n_stages : 0;
+    out.nodes_total = (uint32_t)s->reg.n;
+    for (int i = 0; i < s->reg.n; i++) {
+        out.nodes_ready += s->reg.nodes[i].state == REG_READY;
+        out.running_sequences += s->reg.nodes[i].running_sequences;
+    }
+    int running = 0;
+    for (lreq *q = s->reqs; q; q = q->next) running++;
+    out.running_sequences = (uint32_t)running;
+    out.uptime_s = now_s() - s->t0;
+    out.serving = s->cur && cluster_is_ready(s->cur->cl);
+    reply(c, &out.base);
+}
+
+static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    int n = s->reg.n;
+    Strata__V1__NodeInfo *infos = calloc((size_t)(n ? n : 1), sizeof *infos);
+    Strata__V1__NodeInfo **ptrs = calloc((size_t)(n ? n : 1), sizeof *ptrs);
+    Strata__V1__Device *devs = calloc((size_t)(n ? n : 1), sizeof *devs);
+    Strata__V1__Device **devp = calloc((size_t)(n ? n : 1), sizeof *devp);
+    if (!infos || !ptrs || !devs || !devp) {
+        free(infos), free(ptrs), free(devs), free(devp);
+        rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    double t = now_s();
+    for (int i = 0; i < n; i++) {
+        reg_node *rn = &s->reg.nodes[i];
+        Strata__V1__NodeInfo *o = &infos[i];
+        strata__v1__node_info__init(o);
+        o->name = rn->name;
+        o->state = rn->state ? (Strata__V1__NodeState)rn->state : STRATA__V1__NODE_STATE__NODE_STATE_UNSPECIFIED;
+        o->heartbeat_age_s = rn->state ? t - rn->last_seen : 0;
+        o->lease_id = rn->lease;
+        strata__v1__device__init(&devs[i]);
+        devs[i].kind = rn->device_kind;
+        devs[i].count = rn->device_count;
+        devs[i].memory_bytes = rn->device_memory;
+        devp[i] = &devs[i];
+        o->devices = &devp[i];
+        o->n_devices = rn->state ? 1 : 0;
+        o->host_memory_bytes = rn->host_memory;
+        o->numa_nodes = rn->numa_nodes;
+        o->data_address = rn->data_address;
+        o->running_sequences = rn->running_sequences;
+        o->kv_blocks_used = rn->kv_blocks_used;
+        o->kv_blocks_free = rn->kv_blocks_free;
+        o->busy_fraction = rn->busy_fraction;
+        o->bytes_sent = rn->bytes_sent;
+        o->missed_heartbeats = registry_missed(&s->reg, rn, t);
+        ptrs[i] = o;
+    }
+    Strata__V1__ListNodesReply out = STRATA__V1__LIST_NODES_REPLY__INIT;
+    out.nodes = ptrs;
+    out.n_nodes = (size_t)n;
+    reply(c, &out.base);
+    free(infos), free(ptrs), free(devs), free(devp);
+}
+
+/* ---------------------------------------------------------------- placement */
+
+typedef struct pl_msg {
+    Strata__V1__Placement p;
+    Strata__V1__Stage st[PLACE_NODE_MAX];
+    Strata__V1__Stage *sp[PLACE_NODE_MAX];
+} pl_msg;
+
+static void fill_placement(pl_msg *m, const placement *pl) {
+    strata__v1__placement__init(&m->p);
+    m->p.epoch = pl->epoch;
+    m->p.n_layers = (uint32_t)pl->n_layers;
+    for (int i = 0; i < pl->n_stages; i++) {
+        strata__v1__stage__init(&m->st[i]);
+        m->st[i].node = (char *)pl->st[i].node;
+        m->st[i].first_layer = (uint32_t)pl->st[i].first;
+        m->st[i].last_layer = (uint32_t)pl->st[i].last;
+        m->st[i].tp = (uint32_t)pl->st[i].tp;
+        m->sp[i] = &m->st[i];
+    }
+    m->p.stages = m->sp;
+    m->p.n_stages = (size_t)pl->n_stages;
+}
+
+/* current, and pending = the loading placement or `dry` (a dry run). */
+static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry) {
+    pl_msg *two = calloc(2, sizeof *two);
+    if (!two) {
+        rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    pl_msg *cur = &two[0], *pend = &two[1];
+    Strata__V1__NodeLoad loads[PLACE_NODE_MAX], *lp[PLACE_NODE_MAX];
+    Strata__V1__PlacementReply out = STRATA__V1__PLACEMENT_REPLY__INIT;
+    placement none = {0};
+    none.n_layers = s->pm.n_layers;
+    fill_placement(cur, s->cur ? &s->cur->pl : &none);
+    out.current = &cur->p;
+    const placement *pp = dry ? dry : s->pend ? &s->pend->pl : NULL;
+    if (pp) {
+        fill_placement(pend, pp);
+        out.pending = &pend->p;
+        if (!dry && s->pend) {
+            for (int i = 0; i < pp->n_stages; i++) {
+                strata__v1__node_load__init(&loads[i]);
+                loads[i].node = (char *)pp->st[i].node;
+                loads[i].bytes_total = place_stage_bytes(&s->pm, pp->st[i].first, pp->st[i].last, pp->n_layers);
+                loads[i].bytes_loaded = cluster_stage_ready(s->pend->cl, i) ? loads[i].bytes_total : 0;
+                lp[i] = &loads[i];
+            }
+            out.loading = lp;
+            out.n_loading = (size_t)pp->n_stages;
+        }
+    }
+    reply(c, &out.base);
+    free(two);
+}
+
+static void h_get_placement(rpc_call *c, const rpc_request *req, void *ud) { reply_placement(ud, c, NULL); }
+
+static void h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    const Strata__V1__SetPlacementRequest *r = (const void *)req->msg;
+    if (r->n_stages == 0 || r->n_stages > PLACE_NODE_MAX) {
+        rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "SetPlacement: %zu stages (want 1..%d)", r->n_stages,
+                         PLACE_NODE_MAX);
+        return;
+    }
+    place_stage st[PLACE_NODE_MAX];
+    for (size_t i = 0; i < r->n_stages; i++) {
+        if (strlen(r->stages[i]->node) >= sizeof st[i].node) {
+            rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "SetPlacement: stage %zu: node name too long", i);
+            return;
+        }
+        snprintf(st[i].node, sizeof st[i].node, "%s", r->stages[i]->node);
+        st[i].first = r->stages[i]->first_layer > 100000 ? 100000 : (int)r->stages[i]->first_layer;
+        st[i].last = r->stages[i]->last_layer > 100000 ? 100000 : (int)r->stages[i]->last_layer;
+        st[i].tp = r->stages[i]->tp > 64 ? 64 : (int)r->stages[i]->tp;
+    }
+    place_node nodes[PLACE_NODE_MAX];
+    int n = usable_nodes(s, nodes, NULL);
+    placement pl;
+    int code = RPC_INVALID_ARGUMENT;
+    st_err err = {{0}};
+    if (place_check_explicit(&s->pm, nodes, n, st, (int)r->n_stages, &pl, &code, &err) != 0 ||
+        change_placement(s, &pl, &code, &err) != 0) {
+        rpc_call_finishf(c, code, "SetPlacement: %s", err.msg);
+        return;
+    }
+    reply_placement(s, c, NULL);
+}
+
+static void h_auto_placement(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    const Strata__V1__AutoPlacementRequest *r = (const void *)req->msg;
+    place_node nodes[PLACE_NODE_MAX];
+    int n = usable_nodes(s, nodes, NULL);
+    placement pl;
+    int code = RPC_INTERNAL;
+    st_err err = {{0}};
+    if (place_auto(&s->pm, nodes, n, &pl, &code, &err) != 0) {
+        rpc_call_finishf(c, code, "AutoPlacement: %s", err.msg);
+        return;
+    }
+    if (r->dry_run) {
+        pl.epoch = s->last_epoch + 1;
+        reply_placement(s, c, &pl);
+        return;
+    }
+    if (change_placement(s, &pl, &code, &err) != 0) {
+        rpc_call_finishf(c, code, "AutoPlacement: %s", err.msg);
+        return;
+    }
+    reply_placement(s, c, NULL);
+}
+
+static bool in_placement(const run *r, const char *node) {
+    if (!r) return false;
+    for (int i = 0; i < r->pl.n_stages; i++)
+        if (!strcmp(r->pl.st[i].node, node)) return true;
+    return false;
+}
+
+static void h_drain(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    const Strata__V1__DrainRequest *r = (const void *)req->msg;
+    reg_node *n = registry_find(&s->reg, r->node);
+    if (!n || !n->state) {
+        rpc_call_finishf(c, RPC_NOT_FOUND, "Drain: unknown node \"%s\"", r->node);
+        return;
+    }
+    if (s->pend || s->from) {
+        rpc_call_finish(c, RPC_FAILED_PRECONDITION, "Drain: a placement change is in progress; try again when it serves");
+        return;
+    }
+    uint64_t epoch = s->cur ? s->cur->pl.epoch : 0;
+    if (in_placement(s->cur, n->name)) {
+        place_node nodes[PLACE_NODE_MAX];
+        int k = usable_nodes(s, nodes, n->name);
+        placement pl;
+        int code = RPC_INTERNAL;
+        st_err err = {{0}};
+        if (place_auto(&s->pm, nodes, k, &pl, &code, &err) != 0 || change_placement(s, &pl, &code, &err) != 0) {
+            rpc_call_finishf(c, code, "Drain: cannot move %s's stages away: %s", n->name, err.msg);
+            return;
+        }
+        epoch = pl.epoch;
+    }
+    if (n->state != REG_DEAD) n->state = REG_DRAINING;
+    ST_INFO("control: draining %s (placement epoch %" PRIu64 ")", n->name, epoch);
+    Strata__V1__DrainReply out = STRATA__V1__DRAIN_REPLY__INIT;
+    out.node = n->name;
+    out.state = (Strata__V1__NodeState)n->state;
+    out.placement_epoch = epoch;
+    reply(c, &out.base);
+}
+
+/* ---------------------------------------------------------------- Generate */
+
+static void stream_free(ctl_service *s, gen_stream *g) {
+    if (g->prev)
+        g->prev->next = g->next;
+    else if (s->streams == g)
+        s->streams = g->next;
+    if (g->next) g->next->prev = g->prev;
+    free(g->req.prompt);
+    free(g->pend);
+    free(g);
+}
+
+/* Bytes of buf[0..n) that form complete UTF-8 sequences (the rest waits). */
+static size_t utf8_complete(const char *buf, size_t n) {
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4) {
+        unsigned char ch = (unsigned char)buf[i - 1];
+        if ((ch & 0xC0) != 0x80) {
+            size_t need = ch < 0x80 ? 1 : (ch & 0xE0) == 0xC0 ? 2 : (ch & 0xF0) == 0xE0 ? 3 : (ch & 0xF8) == 0xF0 ? 4 : 1;
+            return back + 1 >= need ? n : i - 1;
+        }
+        i--, back++;
+    }
+    return n;
+}
+
+static int send_chunk(gen_stream *g, const int32_t *ids, size_t n_ids, const char *text, size_t len,
+                      const char *finish) {
+    Strata__V1__GenerateChunk ch = STRATA__V1__GENERATE_CHUNK__INIT;
+    uint32_t id = ids && n_ids ? (uint32_t)ids[0] : 0;
+    ch.token_ids = n_ids ? &id : NULL;
+    ch.n_token_ids = n_ids;
+    char *t = malloc(len + 1);
+    if (!t) return -1;
+    memcpy(t, text, len);
+    t[len] = 0;
+    /* protobuf strings must be UTF-8: replace stray bytes */
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)t[i] >= 0x80) {
+            /* keep valid sequences only (cheap check of lead + continuation counts) */
+            unsigned char c0 = (unsigned char)t[i];
+            size_t need = (c0 & 0xE0) == 0xC0 ? 2 : (c0 & 0xF0) == 0xE0 ? 3 : (c0 & 0xF8) == 0xF0 ? 4 : 0;
+            bool ok = need && i + need <= len;
+            for (size_t k = 1; ok && k < need; k++) ok = ((unsigned char)t[i + k] & 0xC0) == 0x80;
+            if (!ok)
+                t[i] = '?';
+            else
+                i += need - 1;
+        }
+    ch.text = t;
+    if (finish) {
+        ch.finish_reason = (char *)finish;
+        ch.prompt_tokens = g->n_prompt;
+        ch.completion_tokens = g->n_gen;
+    }
+    size_t plen = strata__v1__generate_chunk__get_packed_size(&ch);
+    uint8_t *buf = malloc(plen ? plen : 1);
+    int rc = -1;
+    if (buf) {
+        strata__v1__generate_chunk__pack(&ch, buf);
+        rc = rpc_call_send(g->call, buf, plen);
+    }
+    free(buf);
+    free(t);
+    return rc;
+}
+
+static void g_on_prompt(void *ctx, const int32_t *ids, int n) {
+    gen_stream *g = ctx;
+    g->n_prompt = (uint32_t)n;
+}
+
+static void g_on_token(void *ctx, int32_t id, const char *piece, size_t len, const compl_logprobs *lp) {
+    gen_stream *g = ctx;
+    ctl_service *s = g->s;
+    g->n_gen++;
+    char *nb = realloc(g->pend, g->n_pend + len + 1);
+    if (nb) {
+        g->pend = nb;
+        memcpy(g->pend + g->n_pend, piece, len);
+        g->n_pend += len;
+    }
+    size_t ok = utf8_complete(g->pend, g->n_pend);
+    int rc = rpc_call_cancelled(g->call) ? -1 : send_chunk(g, &id, 1, g->pend, ok, NULL);
+    memmove(g->pend, g->pend + ok, g->n_pend - ok);
+    g->n_pend -= ok;
+    if (rc != 0) {
+        eng_cancel(s, g->id);
+        rpc_call_finish(g->call, RPC_CANCELLED, "Generate: cancelled");
+        stream_free(s, g);
+    }
+}
+
+static void g_on_finish(void *ctx, enum coord_finish reason, const char *message) {
+    gen_stream *g = ctx;
+    ctl_service *s = g->s;
+    if (reason == COORD_FINISH_ERROR) {
+        rpc_call_finishf(g->call, RPC_UNAVAILABLE, "Generate: %s", message ? message : "failed");
+    } else {
+        send_chunk(g, NULL, 0, g->pend ? g->pend : "", g->n_pend,
+                   reason == COORD_FINISH_STOP ? "stop" : "length");
+        rpc_call_finish(g->call, RPC_OK, NULL);
+    }
+    stream_free(s, g);
+}
+
+static const coord_sink gen_sink = {g_on_prompt, g_on_token, g_on_finish};
+
+static void h_generate(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    const Strata__V1__GenerateRequest *r = (const void *)req->msg;
+    if (!r->prompt[0]) {
+        rpc_call_finish(c, RPC_INVALID_ARGUMENT, "Generate: empty prompt");
+        return;
+    }
+    if (r->temperature < 0 || r->temperature > 2) {
+        rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "Generate: temperature %g not in [0, 2]", r->temperature);
+        return;
+    }
+    gen_stream *g = calloc(1, sizeof *g);
+    if (!g || !(g->req.prompt = strdup(r->prompt))) {
+        free(g);
+        rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    g->s = s;
+    g->call = c;
+    g->req.prompt_len = strlen(r->prompt);
+    g->req.max_tokens = r->max_tokens ? (int)(r->max_tokens > 100000 ? 100000 : r->max_tokens) : COMPL_DEFAULT_MAX_TOKENS;
+    g->req.temperature = r->temperature;
+    g->req.top_p = 1.0;
+    g->req.has_seed = r->seed != 0;
+    g->req.seed = (int64_t)r->seed;
+    g->req.logprobs = -1;
+    g->next = s->streams;
+    if (s->streams) s->streams->prev = g;
+    s->streams = g;
+    st_err err = {{0}};
+    int rc = eng_submit(s, &g->req, &gen_sink, g, &g->id, &err);
+    if (rc != COORD_OK) {
+        int code = rc == COORD_EUNAVAIL ? RPC_UNAVAILABLE
+                   : rc == COORD_EBUSY  ? RPC_RESOURCE_EXHAUSTED
+                   : rc == COORD_EINTERNAL ? RPC_INTERNAL
+                                           : RPC_INVALID_ARGUMENT;
+        rpc_call_finishf(c, code, "Generate: %s", err.msg);
+        stream_free(s, g);
+    }
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err) {
+    ctl_service *s = calloc(1, sizeof *s);
+    if (!s) return st_errf(err, "control: out of memory"), NULL;
+    s->base = base;
+    s->o = *o;
+    if (!s->o.min_workers) s->o.min_workers = 1;
+    if (!(s->o.ready_timeout_s > 0)) s->o.ready_timeout_s = 120;
+    s->t0 = now_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    registry_init(&s->reg, o->heartbeat_ms, o->suspect_missed, o->dead_after_ms,
+                  (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32));
+    if (model_info(s, err) != 0) goto fail;
+    int lrc = state_load(o->state_path, &s->saved, &s->last_epoch, s->model_sha, &s->reg, err);
+    if (lrc < 0) goto fail;
+    if (lrc == 0) {
+        if (s->saved.epoch && s->saved.n_layers != s->pm.n_layers) {
+            st_errf(err, "state %s: placement for %d layers, the model has %d", o->state_path, s->saved.n_layers,
+                    s->pm.n_layers);
+            goto fail;
+        }
+        ST_INFO("control: restored state %s: placement epoch %" PRIu64 " (%d stages), %d known node(s)",
+                o->state_path, s->saved.epoch, s->saved.n_stages, s->reg.n);
+    }
+    s->tick_ev = event_new(base, -1, 0, tick, s);
+    s->switch_ev = evtimer_new(base, try_finish_switch, s);
+    if (!s->tick_ev || !s->switch_ev) {
+        st_errf(err, "control: cannot create events");
+        goto fail;
+    }
+    if (!(s->srv = rpc_server_create(o->grpc_listen, err)) || !(s->loop = rpc_loop_create(base, err)))
+        goto fail;
+    const rpc_method methods[] = {
+        {SVC "Register", RPC_KIND_UNARY, h_register, s, &strata__v1__register_request__descriptor},
+        {SVC "Heartbeat", RPC_KIND_UNARY, h_heartbeat, s, &strata__v1__heartbeat_request__descriptor},
+        {SVC "GetStatus", RPC_KIND_UNARY, h_status, s, &strata__v1__get_status_request__descriptor},
+        {SVC "ListNodes", RPC_KIND_UNARY, h_list_nodes, s, &strata__v1__list_nodes_request__descriptor},
+        {SVC "GetPlacement", RPC_KIND_UNARY, h_get_placement, s, &strata__v1__get_placement_request__descriptor},
+        {SVC "SetPlacement", RPC_KIND_UNARY, h_set_placement, s, &strata__v1__set_placement_request__descriptor},
+        {SVC "AutoPlacement", RPC_KIND_UNARY, h_auto_placement, s, &strata__v1__auto_placement_request__descriptor},
+        {SVC "Drain", RPC_KIND_UNARY, h_drain, s, &strata__v1__drain_request__descriptor},
+        {SVC "Generate", RPC_KIND_SERVER_STREAM, h_generate, s, &strata__v1__generate_request__descriptor},
+    };
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+        if (rpc_loop_add_method(s->loop, s->srv, &methods[i], err) != 0) goto fail;
+    if (rpc_server_start(s->srv, err) != 0) goto fail;
+    event_active(s->tick_ev, 0, 0);
+    return s;
+fail:
+    ctl_destroy(s);
+    return NULL;
+}
+
+int ctl_grpc_port(const ctl_service *s) { return rpc_server_port(s->srv); }
+
+void ctl_destroy(ctl_service *s) {
+    if (!s) return;
+    if (s->loop) rpc_loop_close(s->loop);
+    while (s->streams) {
+        gen_stream *g = s->streams;
+        eng_cancel(s, g->id);
+        rpc_call_finish(g->call, RPC_UNAVAILABLE, "server stopping");
+        stream_free(s, g);
+    }
+    rpc_server_destroy(s->srv);
+    rpc_loop_destroy(s->loop);
+    while (s->reqs) {
+        lreq *q = s->reqs;
+        lreq_unlink(s, q);
+        free(q);
+    }
+    run_free(s->cur);
+    run_free(s->pend);
+    run_free(s->from);
+    while (s->retired) {
+        run *r = s->retired;
+        s->retired = r->next;
+        run_free(r);
+    }
+    if (s->tick_ev) event_free(s->tick_ev);
+    if (s->switch_ev) event_free(s->switch_ev);
+    registry_free(&s->reg);
+    free(s);
+}

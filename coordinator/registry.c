@@ -1,0 +1,158 @@
+/* registry.c — nodes, leases, heartbeats and failure detection (registry.h). */
+#include "coordinator/registry.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+void registry_init(registry *r, uint32_t heartbeat_ms, uint32_t suspect_after_missed,
+                   uint32_t dead_after_ms, uint64_t lease_seed) {
+    memset(r, 0, sizeof *r);
+    r->heartbeat_ms = heartbeat_ms ? heartbeat_ms : 1000;
+    r->suspect_after_missed = suspect_after_missed ? suspect_after_missed : 3;
+    r->dead_after_ms = dead_after_ms ? dead_after_ms : 10000;
+    r->lease_seed = lease_seed;
+}
+
+void registry_free(registry *r) {
+    free(r->nodes);
+    memset(r, 0, sizeof *r);
+}
+
+reg_node *registry_find(registry *r, const char *name) {
+    for (int i = 0; i < r->n; i++)
+        if (!strcmp(r->nodes[i].name, name)) return &r->nodes[i];
+    return NULL;
+}
+
+static reg_node *add(registry *r, const char *name) {
+    if (r->n == r->cap) {
+        int cap = r->cap ? r->cap * 2 : 8;
+        reg_node *nn = realloc(r->nodes, sizeof *nn * (size_t)cap);
+        if (!nn) return NULL;
+        r->nodes = nn;
+        r->cap = cap;
+    }
+    reg_node *n = &r->nodes[r->n++];
+    memset(n, 0, sizeof *n);
+    snprintf(n->name, sizeof n->name, "%s", name);
+    return n;
+}
+
+reg_node *registry_add_known(registry *r, const char *name, const char *data_address) {
+    reg_node *n = registry_find(r, name);
+    if (n) return n;
+    if (strlen(name) >= REG_NAME_MAX || !(n = add(r, name))) return NULL;
+    snprintf(n->data_address, sizeof n->data_address, "%s", data_address ? data_address : "");
+    return n;
+}
+
+/* splitmix64: leases are unguessable enough across restarts and never 0. */
+static uint64_t next_lease(registry *r) {
+    uint64_t z = (r->lease_seed += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return z ? z : 1;
+}
+
+int registry_register(registry *r, const reg_info *in, double now, uint64_t *lease, st_err *err) {
+    if (!in->name || !in->name[0]) return st_errf(err, "Register: empty node name");
+    if (strlen(in->name) >= REG_NAME_MAX)
+        return st_errf(err, "Register: node name longer than %d characters", REG_NAME_MAX - 1);
+    if (!in->data_address || !in->data_address[0])
+        return st_errf(err, "Register: node %s has no data_address", in->name);
+    if (strlen(in->data_address) >= REG_ADDR_MAX)
+        return st_errf(err, "Register: node %s: data_address too long", in->name);
+    reg_node *n = registry_find(r, in->name);
+    if (!n && !(n = add(r, in->name))) return st_errf(err, "Register: out of memory");
+    bool again = n->state != 0;
+    n->lease = next_lease(r);
+    n->state = REG_REGISTERED;
+    n->last_seen = now;
+    snprintf(n->device_kind, sizeof n->device_kind, "%s",
+             in->device_kind && in->device_kind[0] ? in->device_kind : "cpu");
+    n->device_count = in->device_count ? in->device_count : 1;
+    n->device_memory = in->device_memory;
+    n->host_memory = in->host_memory;
+    n->numa_nodes = in->numa_nodes ? in->numa_nodes : 1;
+    snprintf(n->data_address, sizeof n->data_address, "%s", in->data_address);
+    n->running_sequences = n->kv_blocks_used = n->kv_blocks_free = 0;
+    n->busy_fraction = 0;
+    ST_INFO("registry: %s %s: %u %s device(s) of %llu bytes, host memory %llu, data plane %s",
+            n->name, again ? "registered again" : "registered", n->device_count, n->device_kind,
+            (unsigned long long)n->device_memory, (unsigned long long)n->host_memory,
+            n->data_address);
+    *lease = n->lease;
+    return 0;
+}
+
+int registry_heartbeat(registry *r, const char *name, uint64_t lease, const reg_load *l,
+                       double now) {
+    reg_node *n = registry_find(r, name);
+    if (!n || !n->lease || n->lease != lease) return 1;
+    n->last_seen = now;
+    n->heartbeats++;
+    if (n->state != REG_DRAINING && n->state != REG_READY) {
+        if (n->state == REG_SUSPECT) ST_INFO("registry: %s is back (ready)", n->name);
+        n->state = REG_READY;
+    }
+    if (l) {
+        n->running_sequences = l->running_sequences;
+        n->kv_blocks_used = l->kv_blocks_used;
+        n->kv_blocks_free = l->kv_blocks_free;
+        n->busy_fraction = l->busy_fraction;
+        n->bytes_sent = l->bytes_sent;
+    }
+    return 0;
+}
+
+uint32_t registry_missed(const registry *r, const reg_node *n, double now) {
+    if (!n->state) return 0;
+    double age = now - n->last_seen;
+    if (age <= 0) return 0;
+    return (uint32_t)(age * 1000.0 / r->heartbeat_ms);
+}
+
+int registry_tick(registry *r, double now) {
+    int changed = 0;
+    for (int i = 0; i < r->n; i++) {
+        reg_node *n = &r->nodes[i];
+        if (!n->state || n->state == REG_DEAD) continue;
+        double age_ms = (now - n->last_seen) * 1000.0;
+        if (age_ms > r->dead_after_ms) {
+            ST_WARN("registry: %s is dead: no heartbeat for %.0f ms (timeout %u ms); lease revoked",
+                    n->name, age_ms, r->dead_after_ms);
+            n->state = REG_DEAD;
+            n->lease = 0;
+            changed++;
+        } else if (n->state == REG_READY && age_ms > (double)r->suspect_after_missed * r->heartbeat_ms) {
+            ST_WARN("registry: %s is suspect: %u heartbeats missed", n->name,
+                    registry_missed(r, n, now));
+            n->state = REG_SUSPECT;
+            changed++;
+        }
+    }
+    return changed;
+}
+
+bool registry_usable(const reg_node *n) {
+    return n->state == REG_REGISTERED || n->state == REG_READY;
+}
+
+const char *registry_state_name(int state) {
+    switch (state) {
+    case REG_REGISTERED: return "registered";
+    case REG_READY: return "ready";
+    case REG_SUSPECT: return "suspect";
+    case REG_DEAD: return "dead";
+    case REG_DRAINING: return "draining";
+    default: return "unknown";
+    }
+}
+
+void registry_foreach(const registry *r, double now, registry_fn fn, void *ud) {
+    for (int i = 0; i < r->n; i++) fn(&r->nodes[i], now - r->nodes[i].last_seen, ud);
+}

@@ -1,0 +1,116 @@
+/* registry.h — the coordinator's node registry (live mode): the workers that
+ * registered over gRPC (strata.v1.Control/Register), their leases, resources,
+ * model checksums, last load (Heartbeat) and their state:
+ *
+ *   REGISTERED  after Register, until its first heartbeat
+ *   READY       heartbeating
+ *   SUSPECT     no heartbeat for suspect_after_missed intervals (default 3)
+ *   DEAD        no heartbeat for dead_after_ms; the lease is revoked, so the
+ *               next heartbeat is answered `reregister` and the node rejoins
+ *               by registering again
+ *   DRAINING    the operator drained it (stratactl drain): no new work; a
+ *               drained node stays DRAINING until it registers again
+ *
+ * Time is passed in (monotonic seconds) so that tests can drive it. State
+ * changes happen in registry_tick (call it often: every heartbeat interval / 4)
+ * and on Register / Heartbeat. Everything on the coordinator's loop thread.
+ * Values of `state` are proto/control.proto's NodeState.
+ */
+#ifndef STRATA_COORDINATOR_REGISTRY_H
+#define STRATA_COORDINATOR_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define REG_NAME_MAX 64
+#define REG_ADDR_MAX 300
+
+enum reg_state {
+    REG_REGISTERED = 1,
+    REG_READY = 2,
+    REG_SUSPECT = 3,
+    REG_DEAD = 4,
+    REG_DRAINING = 5,
+};
+
+typedef struct reg_node {
+    char name[REG_NAME_MAX];
+    uint64_t lease;            /* 0: none (dead, or known from the state file only) */
+    int state;                 /* enum reg_state; 0 = known from the state file, not registered */
+    double last_seen;          /* monotonic s of the last heartbeat or Register */
+    char device_kind[16];      /* "cpu", "cuda" */
+    uint32_t device_count;
+    uint64_t device_memory;    /* bytes, each */
+    uint64_t host_memory;      /* bytes */
+    uint32_t numa_nodes;
+    char data_address[REG_ADDR_MAX];
+    /* last heartbeat */
+    uint32_t running_sequences, kv_blocks_used, kv_blocks_free;
+    double busy_fraction;
+    uint64_t bytes_sent;
+    uint64_t heartbeats;
+} reg_node;
+
+typedef struct registry {
+    reg_node *nodes;
+    int n, cap;
+    uint32_t heartbeat_ms;         /* > 0 */
+    uint32_t suspect_after_missed; /* > 0 */
+    uint32_t dead_after_ms;        /* > 0 */
+    uint64_t lease_seed;           /* leases differ between coordinator processes */
+} registry;
+
+/* What Register carries (borrowed strings). */
+typedef struct reg_info {
+    const char *name;
+    const char *device_kind;
+    uint32_t device_count;
+    uint64_t device_memory, host_memory;
+    uint32_t numa_nodes;
+    const char *data_address;
+} reg_info;
+
+void registry_init(registry *r, uint32_t heartbeat_ms, uint32_t suspect_after_missed,
+                   uint32_t dead_after_ms, uint64_t lease_seed);
+void registry_free(registry *r);
+
+reg_node *registry_find(registry *r, const char *name);
+/* A node known from the state file (state 0, no lease) unless present. */
+reg_node *registry_add_known(registry *r, const char *name, const char *data_address);
+
+/* Registers (or re-registers) a node: a fresh lease, state REGISTERED (a
+ * draining node is no longer draining). -1 + err (INVALID_ARGUMENT-worthy:
+ * empty name, name too long, no data address) otherwise. */
+int registry_register(registry *r, const reg_info *in, double now, uint64_t *lease, st_err *err);
+
+typedef struct reg_load {
+    uint32_t running_sequences, kv_blocks_used, kv_blocks_free;
+    double busy_fraction;
+    uint64_t bytes_sent;
+} reg_load;
+/* A heartbeat: 0 (state READY unless DRAINING), or 1 = unknown node or lease
+ * (answer reregister). */
+int registry_heartbeat(registry *r, const char *name, uint64_t lease, const reg_load *l,
+                       double now);
+
+/* Applies the timeouts. Returns the number of nodes whose state changed;
+ * each change is logged. */
+int registry_tick(registry *r, double now);
+
+/* Whole missed heartbeat intervals since the node was last seen. */
+uint32_t registry_missed(const registry *r, const reg_node *n, double now);
+
+/* Usable for placement: registered or ready, and not draining. */
+bool registry_usable(const reg_node *n);
+
+/* "registered", "ready", "suspect", "dead", "draining", "unknown". */
+const char *registry_state_name(int state);
+
+/* Read API for metrics and status: fn for every node with its heartbeat age
+ * in seconds (now - last_seen). */
+typedef void (*registry_fn)(const reg_node *n, double heartbeat_age_s, void *ud);
+void registry_foreach(const registry *r, double now, registry_fn fn, void *ud);
+
+#endif

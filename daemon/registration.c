@@ -1,0 +1,373 @@
+/* registration.c — the worker's Register/Heartbeat thread (registration.h):
+ * host resources, model file hashes, and the call loop against the
+ * coordinator's strata.v1.Control service. */
+#include "daemon/registration.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "proto/control.pb-c.h"
+#include "rpc/grpc_client.h"
+
+#define SVC "/strata.v1.Control/"
+#define CALL_TIMEOUT_S 2.0
+
+typedef struct model_info {
+    char *name; /* basename */
+    uint64_t size;
+    char sha[65];
+} model_info;
+
+struct reg_client {
+    char *coordinator, *node, *data_address;
+    char **paths;
+    int n_models;
+    model_info *models;
+    uint64_t memory_bytes;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    reg_load load;
+    int registered;
+};
+
+/* ---------------------------------------------------------------- hashing */
+
+int reg_file_sha256(const char *path, char hex[65], uint64_t *size, st_err *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) return st_errf(err, "%s: %s", path, strerror(errno));
+    *size = (uint64_t)sb.st_size;
+    long long mt = (long long)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
+    char cache[4096];
+    snprintf(cache, sizeof cache, "%s.sha256", path);
+    FILE *cf = fopen(cache, "r");
+    if (cf) {
+        char h[80];
+        unsigned long long csz;
+        long long cmt;
+        int ok = fscanf(cf, "%79s %llu %lld", h, &csz, &cmt) == 3 && strlen(h) == 64 &&
+                 csz == *size && cmt == mt;
+        fclose(cf);
+        if (ok) {
+            memcpy(hex, h, 65);
+            return 0;
+        }
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) return st_errf(err, "%s: %s", path, strerror(errno));
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    int rc = -1;
+    static const size_t BUF = 1 << 20;
+    unsigned char *buf = malloc(BUF);
+    if (ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1) {
+        size_t n;
+        rc = 0;
+        while ((n = fread(buf, 1, BUF, f)) > 0)
+            if (EVP_DigestUpdate(ctx, buf, n) != 1) rc = -1;
+        if (ferror(f)) rc = -1;
+        if (rc == 0 && EVP_DigestFinal_ex(ctx, md, &mdlen) != 1) rc = -1;
+    }
+    free(buf);
+    EVP_MD_CTX_free(ctx);
+    fclose(f);
+    if (rc != 0 || mdlen != 32) return st_errf(err, "%s: cannot hash the file", path);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    cf = fopen(cache, "w"); /* best effort: a read-only directory has no cache */
+    if (cf) {
+        fprintf(cf, "%s %llu %lld\n", hex, (unsigned long long)*size, mt);
+        fclose(cf);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- host resources */
+
+static uint64_t host_memory(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+static uint32_t numa_nodes(void)
+{
+    DIR *d = opendir("/sys/devices/system/node");
+    if (!d) return 1;
+    uint32_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "node", 4) && e->d_name[4] >= '0' && e->d_name[4] <= '9') n++;
+    closedir(d);
+    return n ? n : 1;
+}
+
+/* ---------------------------------------------------------------- calls */
+
+static int unary(rpc_client *c, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *rd, ProtobufCMessage **out, rpc_status *st)
+{
+    size_t len = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return -1;
+    protobuf_c_message_pack(req, buf);
+    uint8_t *rep = NULL;
+    size_t rlen = 0;
+    int rc = rpc_client_unary(c, method, buf, len, CALL_TIMEOUT_S, &rep, &rlen, st);
+    free(buf);
+    if (rc != 0) return -1;
+    *out = protobuf_c_message_unpack(rd, NULL, rlen, rep);
+    free(rep);
+    if (!*out) {
+        st->code = RPC_INTERNAL;
+        snprintf(st->msg, sizeof st->msg, "undecodable reply");
+        return -1;
+    }
+    return 0;
+}
+
+static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *interval_ms,
+                       rpc_status *st)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    uint64_t mem = r->memory_bytes ? r->memory_bytes : host_memory();
+    Strata__V1__Device dev = STRATA__V1__DEVICE__INIT;
+    dev.kind = "cpu";
+    dev.count = (uint32_t)cores;
+    dev.memory_bytes = mem / (uint64_t)cores;
+    Strata__V1__Device *devp = &dev;
+    Strata__V1__ModelFile *mf = calloc((size_t)(r->n_models ? r->n_models : 1), sizeof *mf);
+    Strata__V1__ModelFile **mfp = calloc((size_t)(r->n_models ? r->n_models : 1), sizeof *mfp);
+    if (!mf || !mfp) {
+        free(mf);
+        free(mfp);
+        return -1;
+    }
+    for (int i = 0; i < r->n_models; i++) {
+        strata__v1__model_file__init(&mf[i]);
+        mf[i].name = r->models[i].name;
+        mf[i].size_bytes = r->models[i].size;
+        mf[i].sha256 = r->models[i].sha;
+        mfp[i] = &mf[i];
+    }
+    Strata__V1__RegisterRequest q = STRATA__V1__REGISTER_REQUEST__INIT;
+    q.node = r->node;
+    q.devices = &devp;
+    q.n_devices = 1;
+    q.host_memory_bytes = mem;
+    q.numa_nodes = numa_nodes();
+    q.data_address = r->data_address;
+    q.models = mfp;
+    q.n_models = (size_t)r->n_models;
+    ProtobufCMessage *out = NULL;
+    int rc = unary(c, SVC "Register", &q.base, &strata__v1__register_reply__descriptor, &out, st);
+    free(mf);
+    free(mfp);
+    if (rc != 0) return -1;
+    Strata__V1__RegisterReply *rep = (Strata__V1__RegisterReply *)out;
+    *lease = rep->lease_id;
+    *interval_ms = rep->heartbeat_interval_ms ? rep->heartbeat_interval_ms : 1000;
+    ST_INFO("registration: registered as %s with %s: lease %016" PRIx64 ", heartbeat every %u ms, "
+            "placement epoch %" PRIu64,
+            r->node, r->coordinator, rep->lease_id, *interval_ms, rep->placement_epoch);
+    protobuf_c_message_free_unpacked(out, NULL);
+    return 0;
+}
+
+/* Sleeps ms unless stopped; true when stopping. */
+static bool nap(reg_client *r, unsigned ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT) break;
+    bool s = r->stop;
+    pthread_mutex_unlock(&r->mu);
+    return s;
+}
+
+static void *reg_main(void *arg)
+{
+    reg_client *r = arg;
+    for (int i = 0; i < r->n_models; i++) {
+        st_err err = {{0}};
+        if (reg_file_sha256(r->paths[i], r->models[i].sha, &r->models[i].size, &err) != 0) {
+            ST_ERROR("registration: %s", err.msg);
+            r->models[i].sha[0] = 0;
+        }
+    }
+    st_err err = {{0}};
+    rpc_client *c = rpc_client_create(r->coordinator, &err);
+    if (!c) {
+        ST_ERROR("registration: %s", err.msg);
+        return NULL;
+    }
+    uint64_t lease = 0;
+    uint32_t interval = 1000;
+    double prev_busy = 0, prev_up = 0;
+    bool warned = false;
+    while (1) {
+        pthread_mutex_lock(&r->mu);
+        bool stop = r->stop;
+        pthread_mutex_unlock(&r->mu);
+        if (stop) break;
+        rpc_status st = {0};
+        if (!lease) {
+            if (do_register(r, c, &lease, &interval, &st) != 0) {
+                lease = 0;
+                if (st.code != RPC_UNAVAILABLE && st.code != RPC_DEADLINE_EXCEEDED) {
+                    ST_ERROR("registration: Register refused: %s: %s", rpc_code_name(st.code), st.msg);
+                    if (nap(r, 2000)) break;
+                } else {
+                    if (!warned) ST_WARN("registration: coordinator %s: %s", r->coordinator, st.msg);
+                    warned = true;
+                    if (nap(r, 500)) break;
+                }
+                continue;
+            }
+            warned = false;
+            pthread_mutex_lock(&r->mu);
+            r->registered = 1;
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (nap(r, interval)) break;
+        pthread_mutex_lock(&r->mu);
+        reg_load l = r->load;
+        pthread_mutex_unlock(&r->mu);
+        Strata__V1__HeartbeatRequest q = STRATA__V1__HEARTBEAT_REQUEST__INIT;
+        q.node = r->node;
+        q.lease_id = lease;
+        q.running_sequences = l.running_sequences;
+        q.kv_blocks_used = l.kv_blocks_used;
+        q.kv_blocks_free = l.kv_blocks_free;
+        double du = l.uptime_seconds - prev_up;
+        q.busy_fraction = du > 0 ? (l.busy_seconds - prev_busy) / du : 0.0;
+        if (q.busy_fraction < 0) q.busy_fraction = 0;
+        if (q.busy_fraction > 1) q.busy_fraction = 1;
+        prev_busy = l.busy_seconds;
+        prev_up = l.uptime_seconds;
+        q.bytes_sent = l.bytes_sent;
+        ProtobufCMessage *out = NULL;
+        if (unary(c, SVC "Heartbeat", &q.base, &strata__v1__heartbeat_reply__descriptor, &out, &st) != 0) {
+            if (!warned) ST_WARN("registration: heartbeat: %s: %s", rpc_code_name(st.code), st.msg);
+            warned = true;
+            if (st.code == RPC_NOT_FOUND) lease = 0;
+            continue;
+        }
+        warned = false;
+        Strata__V1__HeartbeatReply *rep = (Strata__V1__HeartbeatReply *)out;
+        if (rep->reregister) {
+            ST_INFO("registration: the coordinator does not know lease %016" PRIx64 "; registering again", lease);
+            lease = 0;
+            pthread_mutex_lock(&r->mu);
+            r->registered = 0;
+            pthread_mutex_unlock(&r->mu);
+        }
+        protobuf_c_message_free_unpacked(out, NULL);
+    }
+    rpc_client_destroy(c);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+static void reg_free(reg_client *r)
+{
+    if (!r) return;
+    free(r->coordinator);
+    free(r->node);
+    free(r->data_address);
+    for (int i = 0; i < r->n_models; i++) {
+        free(r->paths ? r->paths[i] : NULL);
+        free(r->models ? r->models[i].name : NULL);
+    }
+    free(r->paths);
+    free(r->models);
+    free(r);
+}
+
+reg_client *reg_start(const reg_opts *o, st_err *err)
+{
+    reg_client *r = calloc(1, sizeof *r);
+    if (!r) return st_errf(err, "registration: out of memory"), NULL;
+    r->coordinator = strdup(o->coordinator);
+    r->node = strdup(o->node);
+    r->data_address = strdup(o->data_address);
+    r->memory_bytes = o->memory_bytes;
+    r->paths = calloc((size_t)(o->n_models + 1), sizeof *r->paths);
+    r->models = calloc((size_t)(o->n_models + 1), sizeof *r->models);
+    if (!r->coordinator || !r->node || !r->data_address || !r->paths || !r->models) goto oom;
+    for (int i = 0; i < o->n_models; i++) {
+        r->paths[i] = strdup(o->models[i]);
+        const char *b = strrchr(o->models[i], '/');
+        r->models[i].name = strdup(b ? b + 1 : o->models[i]);
+        r->n_models = i + 1;
+        if (!r->paths[i] || !r->models[i].name) goto oom;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    if (pthread_create(&r->thread, NULL, reg_main, r) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        reg_free(r);
+        return st_errf(err, "registration: cannot start the thread"), NULL;
+    }
+    return r;
+oom:
+    reg_free(r);
+    return st_errf(err, "registration: out of memory"), NULL;
+}
+
+void reg_set_load(reg_client *r, const reg_load *l)
+{
+    pthread_mutex_lock(&r->mu);
+    r->load = *l;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int reg_registered(reg_client *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int v = r->registered;
+    pthread_mutex_unlock(&r->mu);
+    return v;
+}
+
+void reg_stop(reg_client *r)
+{
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->thread, NULL);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    reg_free(r);
+}

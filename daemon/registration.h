@@ -1,0 +1,60 @@
+/* registration.h — the worker's side of the control plane: a small thread
+ * that registers the node with the coordinator's gRPC control service
+ * (strata.v1.Control/Register, proto/control.proto) and then heartbeats every
+ * heartbeat_interval_ms (the coordinator's RegisterReply; default 1000).
+ *
+ * Register carries: the node name; its devices (CPU workers: one entry, kind
+ * "cpu", count = online cores, memory each = host memory / cores); host
+ * memory (/proc/meminfo MemTotal, or the --memory override) and NUMA nodes
+ * (/sys/devices/system/node); the data-plane address; every model file with
+ * its size and sha256. Hashes are computed once per process and cached next
+ * to the file in FILE.sha256 ("HEX SIZE MTIME_NS"), reused while size and
+ * mtime match (a read-only directory just skips the cache).
+ *
+ * The thread owns its rpc_client (blocking calls, so never on the worker's
+ * event loop). A refused Register (e.g. FAILED_PRECONDITION: a different model
+ * checksum) is logged and retried every 2 s; an unreachable coordinator is
+ * retried every 0.5 s. A heartbeat answered `reregister` (the coordinator
+ * restarted, or declared the node dead) registers again.
+ *
+ * Load figures come from the loop thread through reg_set_load (thread-safe).
+ */
+#ifndef STRATA_DAEMON_REGISTRATION_H
+#define STRATA_DAEMON_REGISTRATION_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct reg_client reg_client;
+
+typedef struct reg_opts {
+    const char *coordinator;   /* gRPC address "host:port" */
+    const char *node;          /* node name */
+    const char *data_address;  /* data plane "host:port" */
+    const char *const *models; /* model file paths */
+    int n_models;
+    uint64_t memory_bytes;     /* advertised host memory; 0 = MemTotal */
+} reg_opts;
+
+/* What a heartbeat reports (latest values from the loop). */
+typedef struct reg_load {
+    uint32_t running_sequences;
+    uint32_t kv_blocks_used, kv_blocks_free;
+    double busy_seconds, uptime_seconds; /* cumulative: busy fraction = delta/delta */
+    uint64_t bytes_sent;
+} reg_load;
+
+/* Hashes nothing yet: starts the thread (which hashes, then registers). */
+reg_client *reg_start(const reg_opts *o, st_err *err);
+void reg_set_load(reg_client *r, const reg_load *l);
+/* 1 once registered with the current coordinator (for logs and tests). */
+int reg_registered(reg_client *r);
+/* Stops and joins the thread (a call in flight ends within its deadline). NULL ok. */
+void reg_stop(reg_client *r);
+
+/* sha256 of a file as 64 lowercase hex digits into hex[65] (with the FILE.sha256
+ * cache described above). */
+int reg_file_sha256(const char *path, char hex[65], uint64_t *size, st_err *err);
+
+#endif
