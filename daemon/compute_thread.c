@@ -1,23 +1,10 @@
 /* compute_thread.c — the worker's compute thread: a FIFO of jobs (stage open,
  * micro-batch forward) run one at a time on the stage it owns, finished jobs
- * handed back to the event loop through an eventfd (see compute_thread.h).
- *
- * Adaptive spin: when the queue runs dry the thread first polls it (without
- * the lock, yielding the CPU between polls so that it never holds up another
- * runnable thread) for a bounded time before it sleeps on the condvar. A
- * sleep/wake-up through the kernel costs tens of µs on a VM whose idle vCPU
- * has halted, which is a large part of a micro-batch hop for a small model.
- * The budget adapts: it doubles (up to SPIN_MAX_NS) each time a spin caught
- * the next job and halves each time it did not, so a pipeline whose batches
- * arrive back to back keeps it, and an idle or lightly loaded worker (a lone
- * sequence, whose next batch is a whole round trip away) quickly stops
- * spinning and costs no CPU. */
+ * handed back to the event loop through an eventfd (see compute_thread.h). */
 #include "daemon/compute_thread.h"
 
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -34,9 +21,6 @@ struct compute {
     cjob *head, *tail;          /* queued */
     cjob *done_head, *done_tail; /* finished, not yet taken */
     bool quit;
-    atomic_int pending;         /* jobs queued: polled without mu while spinning */
-    atomic_bool stopping;
-    int64_t spin_ns;            /* current spin budget (thread-local use) */
     int efd;
     compute_stats stats;        /* snapshot, under mu */
     stage *st;                  /* owned by the thread */
@@ -47,42 +31,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-#define SPIN_MAX_NS 200000 /* 200 µs */
-#define SPIN_MIN_NS 5000   /* below this the spin is off, except... */
-#define SPIN_PROBE_EVERY 32 /* ...every this many sleeps: one probe of SPIN_PROBE_NS */
-#define SPIN_PROBE_NS 50000
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* Outside mu: polls for a queued job for up to c->spin_ns; adapts the budget.
- * Returns true when one is (probably) there. */
-static bool spin_for_work(compute *c, unsigned *sleeps)
-{
-    int64_t budget = c->spin_ns;
-    if (budget < SPIN_MIN_NS) {
-        if (++*sleeps % SPIN_PROBE_EVERY) return false;
-        budget = SPIN_PROBE_NS;
-    }
-    const int64_t t0 = now_ns();
-    for (;;) {
-        if (atomic_load_explicit(&c->pending, memory_order_acquire) > 0 ||
-            atomic_load_explicit(&c->stopping, memory_order_relaxed)) {
-            int64_t b = budget * 2;
-            c->spin_ns = b > SPIN_MAX_NS ? SPIN_MAX_NS : b;
-            return true;
-        }
-        if (now_ns() - t0 >= budget) break;
-        sched_yield();
-    }
-    c->spin_ns = budget / 2;
-    return false;
 }
 
 static void push(cjob **head, cjob **tail, cjob *j)
@@ -162,20 +110,13 @@ static void run_forward(compute *c, cjob *j)
 static void *thread_main(void *arg)
 {
     compute *c = arg;
-    unsigned sleeps = 0;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        if (!c->head && !c->quit) {
-            pthread_mutex_unlock(&c->mu);
-            spin_for_work(c, &sleeps);
-            pthread_mutex_lock(&c->mu);
-        }
         while (!c->head && !c->quit) pthread_cond_wait(&c->cv, &c->mu);
         if (c->quit) break;
         cjob *j = c->head;
         c->head = j->next;
         if (!c->head) c->tail = NULL;
-        atomic_fetch_sub_explicit(&c->pending, 1, memory_order_relaxed);
         pthread_mutex_unlock(&c->mu);
 
         if (j->kind == CJOB_OPEN)
@@ -226,7 +167,6 @@ compute *compute_create(st_err *err)
     }
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    c->spin_ns = SPIN_PROBE_NS;
     int rc = pthread_create(&c->thread, NULL, thread_main, c);
     if (rc) {
         st_errf(err, "worker: cannot start the compute thread: %s", strerror(rc));
@@ -244,7 +184,6 @@ void compute_stop(compute *c)
     if (!c) return;
     pthread_mutex_lock(&c->mu);
     c->quit = true;
-    atomic_store(&c->stopping, true);
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->thread, NULL);
@@ -268,7 +207,6 @@ void compute_submit(compute *c, cjob *job)
     job->err.msg[0] = 0;
     push(&c->head, &c->tail, job);
     c->stats.queued++;
-    atomic_fetch_add_explicit(&c->pending, 1, memory_order_release);
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
