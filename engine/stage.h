@@ -53,7 +53,7 @@ typedef struct stage_params {
     int n_threads;          /* CPU threads for all ranks together; 0 = st_cpu_count() */
     int kv_blocks;          /* KV cache blocks (each rank, same ids); >= 1 */
     int block_size;         /* tokens per KV block; 0 = 16 */
-    const char *backend;    /* "cpu" (default when NULL) */
+    const char *backend;    /* "cpu" (default when NULL) or "cuda" (rank r on GPU r, NCCL) */
     uint32_t kv_type;       /* KV cache element type: GGML_TYPE_F32 (0, the default) or
                                GGML_TYPE_F16 (llama.cpp's default, half the memory) */
 } stage_params;
