@@ -288,6 +288,7 @@ static int cmd_nodes(rpc_client *c, const opts *o) {
  * (exit 0) or is dropped because it failed to load (exit 1). At most 10 min. */
 static int wait_loading(rpc_client *c, const opts *o, uint64_t epoch) {
     const int width = 30;
+    uint64_t last_total = 0;
     for (int it = 0; it < 6000; it++) {
         Strata__V1__GetPlacementRequest req = STRATA__V1__GET_PLACEMENT_REQUEST__INIT;
         Strata__V1__PlacementReply *r = NULL;
@@ -297,6 +298,13 @@ static int wait_loading(rpc_client *c, const opts *o, uint64_t epoch) {
         if (!r->pending || r->pending->epoch != epoch) {
             uint64_t cur = r->current ? r->current->epoch : 0;
             protobuf_c_message_free_unpacked(&r->base, NULL);
+            if (cur == epoch && !o->json) { /* the final frame: everything loaded */
+                char b[32];
+                fmt_bytes(b, sizeof b, last_total);
+                fprintf(stderr, "\rloading epoch %llu [", (unsigned long long)epoch);
+                for (int k = 0; k < width; k++) fputc('#', stderr);
+                fprintf(stderr, "] 100.0%% %s / %s", b, b);
+            }
             if (!o->json) fprintf(stderr, "\n");
             if (cur == epoch) {
                 if (!o->json) fprintf(stderr, "placement epoch %llu is serving\n", (unsigned long long)epoch);
@@ -311,6 +319,7 @@ static int wait_loading(rpc_client *c, const opts *o, uint64_t epoch) {
             done += r->loading[i]->bytes_loaded;
             total += r->loading[i]->bytes_total;
         }
+        last_total = total;
         protobuf_c_message_free_unpacked(&r->base, NULL);
         if (!o->json) {
             double f = total ? (double)done / (double)total : 0.0;

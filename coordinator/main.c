@@ -27,6 +27,11 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#ifdef STRATA_HAVE_SYSTEMD /* sd_notify: READY=1 / STOPPING=1 for Type=notify (systemd/strata-coordinator.service) */
+#include <systemd/sd-daemon.h>
+#else
+#define sd_notify(unset_environment, state) ((void)0)
+#endif
 
 /* Start-up failed (cluster.h): leave the loop with exit status 1. */
 struct run_state {
@@ -46,6 +51,7 @@ static void on_ready(void *ud) {
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
     ST_INFO("coordinator: signal %d, shutting down", (int)sig);
+    sd_notify(0, "STOPPING=1");
     event_base_loopbreak(arg);
 }
 
@@ -236,6 +242,7 @@ serve:;
         fprintf(stderr, "strata-coordinator: cannot install signal handlers\n");
         goto out;
     }
+    sd_notify(0, "READY=1"); /* HTTP and gRPC listen, signals are handled */
     event_base_dispatch(base);
     rc = rs.failed ? 1 : 0;
 out:

@@ -81,9 +81,10 @@ int state_load(const char *path, placement *p, uint64_t *last_epoch, const char 
         return st_errf(err, "state %s: not a strata state file (%s)", path, je.text);
     }
     if (model_sha256 && sha[0] && strcmp(sha, model_sha256)) {
+        st_errf(err, "state %s was written for a model with sha256 %.12s..., this one is %.12s...; "
+                "move the file away to start afresh", path, sha, model_sha256);
         json_decref(root);
-        return st_errf(err, "state %s was written for a model with sha256 %.12s..., this one is %.12s...; "
-                       "move the file away to start afresh", path, sha, model_sha256);
+        return -1;
     }
     size_t i;
     json_t *v;

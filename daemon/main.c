@@ -25,6 +25,11 @@
 #include "common/log.h"
 #include "daemon/registration.h"
 #include "daemon/worker.h"
+#ifdef STRATA_HAVE_SYSTEMD /* sd_notify: READY=1 / STOPPING=1 for Type=notify (systemd/strata-worker.service) */
+#include <systemd/sd-daemon.h>
+#else
+#define sd_notify(unset_environment, state) ((void)0)
+#endif
 
 #define MAX_MODELS 64
 #define LOAD_PERIOD_MS 500
@@ -90,6 +95,7 @@ static int parse_bytes(const char *s, uint64_t *out)
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     ST_INFO("worker: signal %d, shutting down", (int)sig);
+    sd_notify(0, "STOPPING=1");
     event_base_loopbreak(arg);
 }
 
@@ -248,6 +254,7 @@ int main(int argc, char **argv)
     }
     printf("strata-worker: listening on %s:%d\n", host, worker_port(w));
     fflush(stdout);
+    sd_notify(0, "READY=1");
 
     rc = event_base_dispatch(base) < 0 ? 1 : 0;
 out_loop:

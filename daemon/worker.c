@@ -111,6 +111,7 @@ struct worker {
     uint64_t load_seq[LOAD_MAX_SEQS];
     int load_blocks[LOAD_MAX_SEQS];
     int n_load;
+    bool track_load;        /* worker_load_get was called (live mode) */
 };
 
 static void on_compute(evutil_socket_t fd, short what, void *arg);
@@ -1110,7 +1111,7 @@ static void on_frame(xport_peer *peer, const frame_header *h, const void *payloa
             front_unexpected(w, peer, msg);
             break;
         }
-        note_load(w, h);
+        if (w->track_load) note_load(w, h);
         handle_activations(st, peer, h, payload, bytes);
         break;
     }
@@ -1167,6 +1168,7 @@ int worker_port(const worker *w) { return xport_port(w->x); }
 void worker_load_get(worker *w, worker_load *out)
 {
     memset(out, 0, sizeof *out);
+    w->track_load = true;
     xport_stats xs;
     xport_get_stats(w->x, &xs);
     out->bytes_sent = xs.bytes_sent;

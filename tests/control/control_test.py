@@ -1,0 +1,480 @@
+#!/usr/bin/python3
+"""control_test.py — issue 6's acceptance tests for the live control plane: a
+real strata-coordinator --live and 3 real strata-worker processes on loopback
+that register over gRPC (workers w-a, w-b, w-c; w-c advertises 3 MiB of
+memory), driven with stratactl and a python3-grpcio client generated from
+proto/control.proto at test time. Every process is started and always stopped
+by the test; every wait is bounded.
+
+  control_test.py MODE --coordinator BIN --worker BIN --stratactl BIN
+                  --proto control.proto --shared DIR --workdir DIR
+
+MODE
+  register   the 3 workers register; automatic placement covers every layer
+             exactly once over the 3 nodes; ListNodes / GetPlacement /
+             GetStatus from Python; Generate (gRPC stream) and HTTP completions
+             equal the reference; bad input (unknown node, overlapping and
+             uncovered ranges, too much memory for a node, a malformed message,
+             a different model checksum) gets its gRPC error with a clear
+             message and leaves the placement unchanged
+  move       stratactl placement set moves layers (progress bar, epoch + 1);
+             generation afterwards equals the reference; placement auto again
+  drain      8 concurrent streams; stratactl drain w-b while they run: every
+             stream completes with the reference tokens; w-b holds no stage
+  failure    SIGSTOP w-c: suspect, then dead within dead_after + 1 heartbeat
+             (measured and printed); SIGCONT: it registers again (ready)
+  restart    SIGKILL the coordinator, start it again: same placement (epoch,
+             stages) from the state file, workers re-register, serving resumes
+             with reference output
+
+Runs under /usr/bin/python3 (Debian's python3-grpcio imports only there).
+"""
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+FAILS = []
+HB_MS = 200
+DEAD_MS = 1000
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+    return cond
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_for(fn, timeout, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+            if v:
+                return v
+        except Exception:  # noqa: BLE001 - retried until the deadline
+            pass
+        time.sleep(step)
+    return None
+
+
+class Live:
+    def __init__(self, args):
+        self.args = args
+        self.tmp = tempfile.mkdtemp(prefix="strata-control-")
+        self.model = os.path.join(args.shared, "models", "stories260K.gguf")
+        self.env = dict(os.environ)
+        self.env.setdefault("UCX_TLS", "tcp")
+        self.env.setdefault("UCX_NET_DEVICES", "lo")  # loopback only (other tests may add bridges)
+        self.env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.grpc_addr = "127.0.0.1:%d" % self.grpc_port
+        self.workers = {}
+        self.coord = None
+        self.ncoord = 0
+        self.cfg = os.path.join(self.tmp, "cluster.ini")
+        with open(self.cfg, "w") as f:
+            f.write("[cluster]\nmodel = %s\nkv_blocks = 256\n" % self.model)
+        self.state = os.path.join(self.tmp, "state.json")
+
+    def start_coordinator(self):
+        self.ncoord += 1
+        log = open(os.path.join(self.tmp, "coordinator%d.log" % self.ncoord), "w")
+        self.coord = subprocess.Popen(
+            [self.args.coordinator, "--live", "--config", self.cfg, "--listen",
+             "127.0.0.1:%d" % self.http_port, "--grpc-listen", self.grpc_addr, "--state",
+             self.state, "--heartbeat-ms", str(HB_MS), "--dead-after-ms", str(DEAD_MS),
+             "--min-workers", "3"], stdout=log, stderr=subprocess.STDOUT, env=self.env)
+
+    def start_worker(self, name, memory=None):
+        log = open(os.path.join(self.tmp, "%s.log" % name), "w")
+        cmd = [self.args.worker, "--listen", "127.0.0.1:%d" % free_port(), "--coordinator",
+               self.grpc_addr, "--name", name, "--model", self.model, "--threads", "1"]
+        if memory:
+            cmd += ["--memory", memory]
+        self.workers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                              env=self.env)
+
+    def start(self):
+        self.start_coordinator()
+        for n in ("w-a", "w-b"):
+            self.start_worker(n)
+        self.start_worker("w-c", "3M")
+        if not wait_for(lambda: self.stub.GetStatus(pb.GetStatusRequest(), timeout=2).serving, 90, 0.1):
+            self.dump()
+            raise RuntimeError("the live cluster did not start serving")
+
+    @property
+    def stub(self):
+        if not hasattr(self, "_stub"):
+            self._chan = grpc.insecure_channel(self.grpc_addr)
+            self._stub = pbg.ControlStub(self._chan)
+        return self._stub
+
+    def ctl(self, *argv, timeout=120):
+        p = subprocess.run([self.args.stratactl, "--addr", self.grpc_addr] + list(argv),
+                           capture_output=True, text=True, timeout=timeout, env=self.env)
+        return p.returncode, p.stdout, p.stderr
+
+    def placement(self):
+        return self.stub.GetPlacement(pb.GetPlacementRequest(), timeout=5)
+
+    def nodes(self):
+        return {n.name: n for n in self.stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes}
+
+    def complete(self, prompt, n, stream=False, on_chunk=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=120)
+        try:
+            body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "return_token_ids": True}
+            if stream:
+                body["stream"] = True
+            c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            if not stream:
+                d = json.loads(r.read())
+                return r.status, d["choices"][0].get("token_ids") if r.status == 200 else d
+            ids, done = [], False
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                if line[6:] == b"[DONE]":
+                    done = True
+                    break
+                ch = json.loads(line[6:])
+                ids += ch["choices"][0].get("token_ids", [])
+                if on_chunk:
+                    on_chunk(len(ids))
+            return (r.status if done else -1), ids
+        finally:
+            c.close()
+
+    def dump(self):
+        for name in sorted(os.listdir(self.tmp)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.tmp, name), errors="replace") as f:
+                    lines = f.readlines()
+                print("---- %s (last 25 lines)" % name)
+                sys.stdout.write("".join(lines[-25:]))
+
+    def stop(self):
+        rcs = {}
+        procs = list(self.workers.items()) + [("coordinator", self.coord)]
+        for _, p in procs:
+            if p and p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                except OSError:
+                    pass
+        if self.coord and self.coord.poll() is None:
+            self.coord.send_signal(signal.SIGTERM)
+        for _, p in self.workers.items():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, p in procs:
+            if not p:
+                continue
+            try:
+                rcs[name] = p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                rcs[name] = None
+        if hasattr(self, "_chan"):
+            self._chan.close()
+        return rcs
+
+
+def refs(args):
+    with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
+        return json.load(f)
+
+
+def covers(pl, n_layers):
+    layers = []
+    for s in pl.stages:
+        layers += list(range(s.first_layer, s.last_layer + 1))
+    return layers == list(range(n_layers))
+
+
+def exact(cl, rs, n=32, label=""):
+    out = [None] * len(rs)
+
+    def run(i):
+        try:
+            out[i] = cl.complete(rs[i]["prompt"], n)
+        except Exception as e:  # noqa: BLE001
+            out[i] = (0, repr(e))
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(rs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(180)
+    good = sum(1 for r, o in zip(rs, out) if o and o[0] == 200 and o[1] == r["completion_tokens"][:n])
+    for r, o in zip(rs, out):
+        if not (o and o[0] == 200 and o[1] == r["completion_tokens"][:n]):
+            print("  %r: %s" % (r["prompt"], str(o)[:300]))
+    check(good == len(rs), "%s: %d/%d completions equal the reference" % (label, good, len(rs)))
+
+
+def stage_str(pl):
+    return ",".join("%s:%d-%d" % (s.node, s.first_layer, s.last_layer) for s in pl.stages)
+
+
+# ---------------------------------------------------------------------- modes
+
+def mode_register(cl, args):
+    rs = refs(args)
+    nodes = cl.nodes()
+    check(sorted(nodes) == ["w-a", "w-b", "w-c"], "3 nodes registered: %s" % sorted(nodes))
+    check(wait_for(lambda: all(n.state == pb.NODE_STATE_READY for n in cl.nodes().values()), 10),
+          "every node READY")
+    n = cl.nodes()["w-a"]
+    check(n.devices and n.devices[0].kind == "cpu" and n.devices[0].count >= 1 and
+          n.host_memory_bytes > (1 << 20) and n.numa_nodes >= 1 and n.data_address.startswith("127.0.0.1:")
+          and n.lease_id != 0 and n.heartbeat_age_s < 2.0,
+          "w-a: cpu devices, host memory, NUMA nodes, data address, lease, heartbeat age %.2f s"
+          % n.heartbeat_age_s)
+    check(cl.nodes()["w-c"].host_memory_bytes == 3 << 20, "w-c advertises --memory 3M")
+    pl = cl.placement()
+    cur = pl.current
+    print("auto placement: epoch %d %s" % (cur.epoch, stage_str(cur)))
+    check(cur.epoch >= 1 and cur.n_layers == 5 and covers(cur, 5),
+          "automatic placement covers every layer exactly once")
+    check(sorted(s.node for s in cur.stages) == ["w-a", "w-b", "w-c"] and all(s.tp == 1 for s in cur.stages),
+          "every worker got a stage (TP 1 on CPU nodes)")
+    st = cl.stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+    check(st.serving and st.n_layers == 5 and st.placement_epoch == cur.epoch and st.nodes_total == 3,
+          "GetStatus: serving, 5 layers, epoch, 3 nodes")
+    exact(cl, rs[:4], 32, "auto placement (HTTP)")
+    # Generate over gRPC (server streaming)
+    ids, fin = [], None
+    for ch in cl.stub.Generate(pb.GenerateRequest(prompt=rs[0]["prompt"], max_tokens=24), timeout=60):
+        ids += list(ch.token_ids)
+        fin = ch.finish_reason or fin
+    check(ids == rs[0]["completion_tokens"][:24] and fin == "length",
+          "Generate stream equals the reference (%d tokens, %s)" % (len(ids), fin))
+    rc, out, err = cl.ctl("--json", "nodes")
+    check(rc == 0 and len(json.loads(out)["nodes"]) == 3, "stratactl --json nodes")
+
+    # ---- bad input: an error with a clear message, placement unchanged
+    before = stage_str(cl.placement().current), cl.placement().current.epoch
+
+    def bad(call, code, words, label):
+        try:
+            call()
+            check(False, "%s: refused" % label)
+        except grpc.RpcError as e:
+            ok = e.code() == code and all(w in e.details() for w in words)
+            check(ok, "%s: %s %r" % (label, e.code().name, e.details()))
+        now = stage_str(cl.placement().current), cl.placement().current.epoch
+        check(now == before and not cl.placement().HasField("pending"), "%s: placement unchanged" % label)
+
+    S = pb.Stage
+    bad(lambda: cl.stub.SetPlacement(pb.SetPlacementRequest(stages=[S(node="w-zz", first_layer=0, last_layer=4)]),
+                                     timeout=5), grpc.StatusCode.NOT_FOUND, ["unknown node", "w-zz"], "unknown node")
+    bad(lambda: cl.stub.SetPlacement(pb.SetPlacementRequest(stages=[S(node="w-a", first_layer=0, last_layer=2),
+                                                                    S(node="w-b", first_layer=2, last_layer=4)]),
+                                     timeout=5), grpc.StatusCode.INVALID_ARGUMENT, ["layer 2", "covered twice"],
+        "overlapping ranges")
+    bad(lambda: cl.stub.SetPlacement(pb.SetPlacementRequest(stages=[S(node="w-a", first_layer=0, last_layer=1),
+                                                                    S(node="w-b", first_layer=2, last_layer=3)]),
+                                     timeout=5), grpc.StatusCode.INVALID_ARGUMENT, ["layers 4-4", "not covered"],
+        "uncovered ranges")
+    bad(lambda: cl.stub.SetPlacement(pb.SetPlacementRequest(stages=[S(node="w-a", first_layer=0, last_layer=0),
+                                                                    S(node="w-c", first_layer=1, last_layer=4)]),
+                                     timeout=5), grpc.StatusCode.RESOURCE_EXHAUSTED, ["w-c", "short by"],
+        "too much memory for w-c")
+    raw = cl._chan.unary_unary("/strata.v1.Control/SetPlacement", request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+    bad(lambda: raw(b"\x0a\xff\xff\xff\x0f\x01", timeout=5), grpc.StatusCode.INVALID_ARGUMENT,
+        ["malformed"], "malformed SetPlacementRequest")
+    badmodel = pb.RegisterRequest(node="w-evil", data_address="127.0.0.1:1",
+                                  devices=[pb.Device(kind="cpu", count=1, memory_bytes=1 << 30)],
+                                  host_memory_bytes=1 << 30,
+                                  models=[pb.ModelFile(name="stories260K.gguf", size_bytes=1, sha256="ab" * 32)])
+    bad(lambda: cl.stub.Register(badmodel, timeout=5), grpc.StatusCode.FAILED_PRECONDITION,
+        ["w-evil", "sha256", "different"], "different model checksum")
+    check("w-evil" not in cl.nodes(), "the refused worker is not in the registry")
+    rc, out, err = cl.ctl("placement", "set", "--stages", "w-a:0-1,w-zz:2-4")
+    check(rc == 1 and "unknown node" in err, "stratactl placement set with an unknown node: exit 1, %r" % err.strip())
+
+
+def mode_move(cl, args):
+    rs = refs(args)
+    e0 = cl.placement().current.epoch
+    rc, out, err = cl.ctl("placement", "set", "--stages", "w-c:0-0,w-b:1-1,w-a:2-4")
+    print(out.strip())
+    print("stratactl stderr: %r" % err[-300:])
+    check(rc == 0 and "loading epoch %d [" % (e0 + 1) in err and "100.0%" in err and "serving" in err,
+          "placement set: exit 0 with a progress bar")
+    cur = cl.placement().current
+    check(cur.epoch == e0 + 1 and stage_str(cur) == "w-c:0-0,w-b:1-1,w-a:2-4",
+          "the layers moved: epoch %d %s" % (cur.epoch, stage_str(cur)))
+    exact(cl, rs, 32, "after placement set (10 concurrent)")
+    rc, out, err = cl.ctl("placement", "set", "--stages", "w-b:0-2,w-a:3-4")
+    cur = cl.placement().current
+    check(rc == 0 and cur.epoch == e0 + 2 and stage_str(cur) == "w-b:0-2,w-a:3-4", "PP 2 placement: %s" % stage_str(cur))
+    exact(cl, rs[:4], 32, "after the second move")
+    rc, out, err = cl.ctl("placement", "auto")
+    cur = cl.placement().current
+    check(rc == 0 and cur.epoch == e0 + 3 and covers(cur, 5) and len(cur.stages) == 3,
+          "placement auto again: %s" % stage_str(cur))
+    exact(cl, rs[:4], 32, "after placement auto")
+
+
+def mode_drain(cl, args):
+    rs = refs(args)
+    n_tok = 64
+    progress = [0] * 8
+    out = [None] * 8
+
+    def run(i):
+        try:
+            out[i] = cl.complete(rs[i]["prompt"], n_tok, stream=True,
+                                 on_chunk=lambda k, i=i: progress.__setitem__(i, k))
+        except Exception as e:  # noqa: BLE001
+            out[i] = (0, repr(e))
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    check(wait_for(lambda: min(progress) >= 2, 60, 0.01), "8 streams running")
+    mid = list(progress)
+    rc, o, err = cl.ctl("drain", "w-b")
+    print("drain at tokens %s: %s %s" % (mid, o.strip(), err.strip()))
+    check(rc == 0 and "draining" in o, "stratactl drain w-b: exit 0")
+    for t in ts:
+        t.join(180)
+    good = sum(1 for i in range(8) if out[i] and out[i][0] == 200 and out[i][1] == rs[i]["completion_tokens"][:n_tok])
+    for i in range(8):
+        if not (out[i] and out[i][0] == 200 and out[i][1] == rs[i]["completion_tokens"][:n_tok]):
+            print("  stream %d: %s" % (i, str(out[i])[:300]))
+    check(good == 8, "drain under load: %d/8 streams complete with the reference tokens" % good)
+    check(wait_for(lambda: not cl.placement().HasField("pending"), 60), "the drain's placement serves")
+    cur = cl.placement().current
+    check(covers(cur, 5) and "w-b" not in [s.node for s in cur.stages],
+          "w-b holds no stage: %s" % stage_str(cur))
+    check(cl.nodes()["w-b"].state == pb.NODE_STATE_DRAINING, "w-b is DRAINING")
+    with open(os.path.join(cl.tmp, "coordinator1.log"), errors="replace") as f:
+        moved = [l for l in f if "sequence(s) moved" in l]
+    print("".join(moved).strip())
+    check(moved and " 0 running sequence" not in moved[-1],
+          "running sequences moved to the new placement (re-prefill), none dropped")
+    exact(cl, rs[:4], 32, "after the drain")
+
+
+def mode_failure(cl, args):
+    w = cl.workers["w-c"]
+    check(wait_for(lambda: cl.nodes()["w-c"].state == pb.NODE_STATE_READY, 10), "w-c ready")
+    lease0 = cl.nodes()["w-c"].lease_id
+    os.kill(w.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    seen_suspect = None
+    dead_at = None
+    while time.monotonic() - t0 < 10:
+        st = cl.nodes()["w-c"].state
+        if st == pb.NODE_STATE_SUSPECT and seen_suspect is None:
+            seen_suspect = time.monotonic() - t0
+        if st == pb.NODE_STATE_DEAD:
+            dead_at = time.monotonic() - t0
+            break
+        time.sleep(0.01)
+    limit = (DEAD_MS + HB_MS) / 1000.0
+    print("failure detection: suspect after %s s, dead after %s s (dead_after %d ms + 1 heartbeat %d ms = %.3f s)"
+          % ("%.3f" % seen_suspect if seen_suspect is not None else "-",
+             "%.3f" % dead_at if dead_at is not None else "-", DEAD_MS, HB_MS, limit))
+    check(seen_suspect is not None, "w-c went SUSPECT first")
+    check(dead_at is not None and dead_at <= limit, "w-c marked DEAD within the timeout + 1 heartbeat")
+    check(cl.nodes()["w-c"].missed_heartbeats >= 3, "missed heartbeats counted")
+    os.kill(w.pid, signal.SIGCONT)
+    t1 = time.monotonic()
+    ok = wait_for(lambda: cl.nodes()["w-c"].state == pb.NODE_STATE_READY, 10)
+    n = cl.nodes()["w-c"]
+    print("rejoin after SIGCONT: %.3f s" % (time.monotonic() - t1))
+    check(ok and n.lease_id != lease0 and n.lease_id != 0, "after SIGCONT w-c registered again (new lease), READY")
+    exact(cl, refs(args)[:2], 32, "serving after the rejoin")
+
+
+def mode_restart(cl, args):
+    rs = refs(args)
+    rc, out, err = cl.ctl("placement", "set", "--stages", "w-b:0-1,w-a:2-3,w-c:4-4")
+    check(rc == 0, "a non-default placement before the restart")
+    pl0 = cl.placement().current
+    check(os.path.exists(cl.state), "state file written")
+    cl.coord.kill()
+    cl.coord.wait()
+    print("coordinator SIGKILLed at epoch %d %s" % (pl0.epoch, stage_str(pl0)))
+    t0 = time.monotonic()
+    cl.start_coordinator()
+    ok = wait_for(lambda: cl.stub.GetStatus(pb.GetStatusRequest(), timeout=2).serving, 60, 0.1)
+    print("serving again %.2f s after the restart" % (time.monotonic() - t0))
+    check(bool(ok), "the restarted coordinator serves without a manual step")
+    pl1 = cl.placement().current
+    check(pl1.epoch == pl0.epoch and stage_str(pl1) == stage_str(pl0),
+          "same placement after the restart: epoch %d %s" % (pl1.epoch, stage_str(pl1)))
+    check(sorted(cl.nodes()) == ["w-a", "w-b", "w-c"], "every worker re-registered")
+    exact(cl, rs[:6], 32, "after the coordinator restart")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["register", "move", "drain", "failure", "restart"])
+    for a in ("coordinator", "worker", "stratactl", "proto", "shared", "workdir"):
+        ap.add_argument("--" + a, required=True)
+    args = ap.parse_args()
+    wd = os.path.join(args.workdir, "pygen-" + args.mode)
+    shutil.rmtree(wd, ignore_errors=True)
+    os.makedirs(wd)
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", os.path.dirname(os.path.abspath(args.proto)),
+                    "--python_out", wd, "--grpc_python_out", wd, os.path.abspath(args.proto)],
+                   check=True, timeout=60)
+    sys.path.insert(0, wd)
+    global grpc, pb, pbg
+    import grpc  # noqa: E402
+    import control_pb2 as pb  # noqa: E402
+    import control_pb2_grpc as pbg  # noqa: E402
+    cl = Live(args)
+    t0 = time.monotonic()
+    try:
+        cl.start()
+        print("cluster serving after %.2f s" % (time.monotonic() - t0))
+        globals()["mode_" + args.mode](cl, args)
+    except Exception as e:  # noqa: BLE001
+        check(False, "exception: %r" % e)
+    finally:
+        rcs = cl.stop()
+        if FAILS:
+            cl.dump()
+    check(all(rc == 0 for rc in rcs.values()), "every process exited 0 on SIGTERM: %s" % rcs)
+    if FAILS:
+        print("%d FAILED: %s" % (len(FAILS), FAILS))
+        return 1
+    shutil.rmtree(cl.tmp, ignore_errors=True)
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

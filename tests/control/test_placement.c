@@ -1,0 +1,179 @@
+/* test_placement.c — the live-mode placement rules (coordinator/placement.h),
+ * the registry's states and failure detection (coordinator/registry.h) with
+ * a driven clock, and the state file round trip (coordinator/state_file.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coordinator/placement.h"
+#include "coordinator/registry.h"
+#include "coordinator/state_file.h"
+#include "rpc/rpc_code.h"
+#include "tests/testutil.h"
+
+#define MIB (1ull << 20)
+
+static place_model model5(void) {
+    place_model m;
+    memset(&m, 0, sizeof m);
+    m.n_layers = 5;
+    for (int l = 0; l < 5; l++) m.layer_bytes[l] = 100000;
+    m.embd_bytes = 50000;
+    m.head_bytes = 60000;
+    m.kv_bytes_per_layer = MIB; /* a layer costs 1 MiB + 100000 */
+    return m;
+}
+
+static void test_auto(void) {
+    place_model m = model5();
+    placement p;
+    int code = 0;
+    st_err err = {{0}};
+    /* equal nodes: vLLM's even split, remainder to the earlier stages (2,2,1) */
+    place_node eq[3] = {{"a", 1ull << 30, 1}, {"b", 1ull << 30, 1}, {"c", 1ull << 30, 1}};
+    CHECK(place_auto(&m, eq, 3, &p, &code, &err) == 0);
+    CHECK_EQ_INT(p.n_stages, 3);
+    CHECK_EQ_INT(p.st[0].first, 0);
+    CHECK_EQ_INT(p.st[0].last, 1);
+    CHECK_EQ_INT(p.st[1].last, 3);
+    CHECK_EQ_INT(p.st[2].first, 4);
+    CHECK_EQ_INT(p.st[2].last, 4);
+    CHECK_EQ_STR(p.st[2].node, "c");
+    /* proportional to memory: a has 3x b's room -> 4 and 1 (within what fits) */
+    place_node pr[2] = {{"a", 6 * MIB, 1}, {"b", 2 * MIB, 2}};
+    CHECK(place_auto(&m, pr, 2, &p, &code, &err) == 0);
+    CHECK_EQ_INT(p.n_stages, 2);
+    CHECK_EQ_INT(p.st[0].last, 3);
+    CHECK_EQ_INT(p.st[1].first, 4);
+    CHECK_EQ_INT(p.st[1].tp, 2);
+    /* a node too small for one layer gets no stage */
+    place_node sm[3] = {{"a", 1ull << 30, 1}, {"b", 1ull << 30, 1}, {"tiny", MIB / 2, 1}};
+    CHECK(place_auto(&m, sm, 3, &p, &code, &err) == 0);
+    CHECK_EQ_INT(p.n_stages, 2);
+    /* does not fit: the message says by how much */
+    place_node few[2] = {{"a", 2 * MIB, 1}, {"b", 2 * MIB, 1}};
+    CHECK(place_auto(&m, few, 2, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(err.msg, "short by") != NULL, "%s", err.msg);
+    CHECK(place_auto(&m, few, 0, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_FAILED_PRECONDITION);
+    /* more nodes than layers: 5 stages of one layer */
+    place_node many[7];
+    char names[7][16];
+    for (int i = 0; i < 7; i++) {
+        snprintf(names[i], sizeof names[i], "n%d", i);
+        many[i] = (place_node){names[i], 1ull << 30, 1};
+    }
+    CHECK(place_auto(&m, many, 7, &p, &code, &err) == 0);
+    CHECK_EQ_INT(p.n_stages, 5);
+}
+
+static void test_explicit(void) {
+    place_model m = model5();
+    place_node nodes[2] = {{"a", 1ull << 30, 1}, {"small", 3 * MIB, 1}};
+    placement p;
+    int code;
+    st_err err = {{0}};
+    place_stage ok[2] = {{"a", 0, 2, 0}, {"small", 3, 4, 0}};
+    CHECK(place_check_explicit(&m, nodes, 2, ok, 2, &p, &code, &err) == 0);
+    CHECK_EQ_INT(p.st[1].tp, 1);
+    place_stage unknown[1] = {{"zz", 0, 4, 0}};
+    CHECK(place_check_explicit(&m, nodes, 2, unknown, 1, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_NOT_FOUND);
+    CHECK(strstr(err.msg, "unknown node \"zz\"") != NULL);
+    place_stage overlap[2] = {{"a", 0, 2, 0}, {"small", 2, 4, 0}};
+    CHECK(place_check_explicit(&m, nodes, 2, overlap, 2, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "layer 2 is covered twice") != NULL, "%s", err.msg);
+    place_stage gap[2] = {{"a", 0, 1, 0}, {"small", 3, 4, 0}};
+    CHECK(place_check_explicit(&m, nodes, 2, gap, 2, &p, &code, &err) != 0);
+    CHECK_MSG(strstr(err.msg, "layers 2-2 are not covered") != NULL, "%s", err.msg);
+    place_stage tail[1] = {{"a", 0, 3, 0}};
+    CHECK(place_check_explicit(&m, nodes, 2, tail, 1, &p, &code, &err) != 0);
+    CHECK_MSG(strstr(err.msg, "layers 4-4 are not covered") != NULL, "%s", err.msg);
+    place_stage big[2] = {{"a", 0, 0, 0}, {"small", 1, 4, 0}};
+    CHECK(place_check_explicit(&m, nodes, 2, big, 2, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(err.msg, "small") && strstr(err.msg, "short by"), "%s", err.msg);
+    place_stage twice[2] = {{"a", 0, 1, 0}, {"a", 2, 4, 0}};
+    CHECK(place_check_explicit(&m, nodes, 2, twice, 2, &p, &code, &err) != 0);
+    /* stage memory: embedding on the first, head on the last */
+    CHECK(place_stage_bytes(&m, 0, 4, 5) == 5 * (MIB + 100000) + 50000 + 60000);
+    CHECK(place_stage_bytes(&m, 1, 2, 5) == 2 * (MIB + 100000));
+}
+
+static void test_registry(void) {
+    registry r;
+    registry_init(&r, 100, 3, 1000, 42);
+    st_err err = {{0}};
+    uint64_t lease = 0;
+    reg_info in = {"n1", "cpu", 4, MIB, 4 * MIB, 1, "127.0.0.1:5000"};
+    CHECK(registry_register(&r, &in, 10.0, &lease, &err) == 0);
+    CHECK(lease != 0);
+    reg_node *n = registry_find(&r, "n1");
+    CHECK_EQ_INT(n->state, REG_REGISTERED);
+    CHECK_EQ_INT(registry_heartbeat(&r, "n1", lease, NULL, 10.1), 0);
+    CHECK_EQ_INT(n->state, REG_READY);
+    CHECK_EQ_INT(registry_heartbeat(&r, "n1", lease + 1, NULL, 10.1), 1); /* unknown lease */
+    CHECK_EQ_INT(registry_heartbeat(&r, "nope", lease, NULL, 10.1), 1);
+    registry_tick(&r, 10.35);
+    CHECK_EQ_INT(n->state, REG_READY); /* 2.5 intervals missed */
+    registry_tick(&r, 10.45);
+    CHECK_EQ_INT(n->state, REG_SUSPECT); /* > 3 intervals */
+    CHECK_EQ_INT((int)registry_missed(&r, n, 10.45), 3);
+    registry_tick(&r, 11.05);
+    CHECK_EQ_INT(n->state, REG_SUSPECT);
+    registry_tick(&r, 11.11);
+    CHECK_EQ_INT(n->state, REG_DEAD); /* > 1000 ms */
+    CHECK_EQ_INT(registry_heartbeat(&r, "n1", lease, NULL, 11.2), 1); /* lease revoked: reregister */
+    uint64_t lease2 = 0;
+    CHECK(registry_register(&r, &in, 11.3, &lease2, &err) == 0);
+    CHECK(lease2 != lease && lease2 != 0);
+    CHECK_EQ_INT(registry_heartbeat(&r, "n1", lease2, NULL, 11.4), 0);
+    CHECK_EQ_INT(n->state, REG_READY);
+    reg_info bad = {"", "cpu", 1, 1, 1, 1, "x:1"};
+    CHECK(registry_register(&r, &bad, 12, &lease, &err) != 0);
+    reg_info noaddr = {"n2", "cpu", 1, 1, 1, 1, ""};
+    CHECK(registry_register(&r, &noaddr, 12, &lease, &err) != 0);
+
+    /* state file round trip */
+    char path[] = "/tmp/strata-state-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    placement p;
+    memset(&p, 0, sizeof p);
+    p.epoch = 7;
+    p.n_layers = 5;
+    p.n_stages = 2;
+    p.st[0] = (place_stage){"n1", 0, 2, 1};
+    p.st[1] = (place_stage){"n9", 3, 4, 2};
+    CHECK(state_save(path, &p, 9, "abc", &r, &err) == 0);
+    registry r2;
+    registry_init(&r2, 100, 3, 1000, 1);
+    placement q;
+    uint64_t last = 0;
+    CHECK(state_load(path, &q, &last, "abc", &r2, &err) == 0);
+    CHECK(q.epoch == 7 && last == 9 && q.n_stages == 2 && q.st[1].last == 4 && q.st[1].tp == 2);
+    CHECK_EQ_STR(q.st[1].node, "n9");
+    CHECK(r2.n == 1 && !strcmp(r2.nodes[0].data_address, "127.0.0.1:5000") && r2.nodes[0].state == 0);
+    registry_free(&r2);
+    registry_init(&r2, 100, 3, 1000, 1);
+    CHECK(state_load(path, &q, &last, "other", &r2, &err) == -1); /* another model */
+    FILE *f = fopen(path, "w");
+    fputs("{\"epoch\": 1", f);
+    fclose(f);
+    CHECK(state_load(path, &q, &last, "abc", &r2, &err) == -1);
+    unlink(path);
+    CHECK(state_load(path, &q, &last, "abc", &r2, &err) == 1);
+    registry_free(&r2);
+    registry_free(&r);
+}
+
+int main(void) {
+    test_auto();
+    test_explicit();
+    test_registry();
+    return test_summary();
+}

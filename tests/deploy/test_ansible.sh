@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# test_ansible.sh SRC SHARED WORKER COORDINATOR TOPO STRATACTL — the Ansible
+# roles and playbooks of ansible/ (docs/deployment.md), against this machine
+# with ansible_connection=local, into a temporary root per host
+# (strata_manage_system=false: no apt, no user, no systemctl; copy mode from
+# this build directory):
+#  1. --syntax-check of site.yml and rolling_restart.yml;
+#  2. site.yml for real: files, modes, rendered settings, the package list;
+#  3. site.yml again and in --check --diff mode: nothing changes;
+#  4. systemd-analyze verify on the installed units (paths moved under the root);
+#  5. a coordinator and two workers started from the installed units and
+#     rendered files (local_service.sh), then rolling_restart.yml against them:
+#     each worker drained and restarted one at a time while a client keeps
+#     generating; the cluster serves at the end with layers on both workers.
+set -euo pipefail
+src=$1 shared=$2 worker=$3 coord=$4 topo=$5 ctl=$6
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(dirname "$(dirname "$worker")")
+fail=0
+check() { if "${@:2}"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi; }
+for t in ansible-playbook systemd-analyze; do
+  command -v $t > /dev/null || { echo "FAIL: $t missing (scripts/bootstrap installs it)"; exit 1; }
+done
+tmp=$(mktemp -d)
+case $tmp in /tmp/*|/var/tmp/*) ;; *) echo "FAIL: odd temporary directory $tmp"; exit 1 ;; esac
+cleanup() {
+  for h in w1 w2; do "$here/local_service.sh" stop "$tmp/root/$h" strata-worker > /dev/null 2>&1 || true; done
+  "$here/local_service.sh" stop "$tmp/root/coord" strata-coordinator > /dev/null 2>&1 || true
+  [ -z "${load_pid:-}" ] || kill "$load_pid" 2> /dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+export ANSIBLE_LOCAL_TEMP=$tmp/ansible-local ANSIBLE_REMOTE_TEMP=$tmp/ansible-remote
+export ANSIBLE_NOCOLOR=1 ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_STDOUT_CALLBACK=default
+grpc_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+cat > "$tmp/inventory.ini" <<INV
+[strata_coordinator]
+coord ansible_host=127.0.0.1
+
+[strata_workers]
+w1 strata_worker_listen=127.0.0.1:0
+w2 strata_worker_listen=127.0.0.1:0 strata_worker_args="--threads 1"
+
+[all:vars]
+ansible_connection=local
+ansible_python_interpreter=/usr/bin/python3
+strata_root=$tmp/root/{{ inventory_hostname }}
+strata_manage_system=false
+strata_install_method=copy
+strata_local_build_dir=$build
+strata_model_src=$shared/models/stories260K.gguf
+strata_grpc_port=$grpc_port
+strata_grpc_listen=127.0.0.1:$grpc_port
+strata_cluster_extra={"listen": "127.0.0.1:0", "kv_blocks": 256}
+strata_worker_env={"UCX_TLS": "tcp"}
+strata_log_level=debug
+INV
+# strata_root and strata_manage_system=false also as extra vars (the highest
+# precedence): whatever the roles' defaults say, nothing is written outside $tmp.
+play() {
+  ( cd "$src/ansible" && ansible-playbook -i "$tmp/inventory.ini" -e strata_manage_system=false \
+      -e "strata_root=$tmp/root/{{ inventory_hostname }}" "$@" )
+}
+
+# 1. Syntax.
+check "syntax-check site.yml rolling_restart.yml" play --syntax-check site.yml rolling_restart.yml
+
+# 2. A real run.
+t0=$(date +%s.%N)
+play site.yml > "$tmp/run1.log" 2>&1 || { cat "$tmp/run1.log"; echo "FAIL: site.yml"; exit 1; }
+echo "site.yml, first run: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+grep -A4 '^PLAY RECAP' "$tmp/run1.log"
+check "run 1: no host failed" bash -c "! grep -E 'failed=[1-9]|unreachable=[1-9]' '$tmp/run1.log'"
+for h in coord w1 w2; do
+  r=$tmp/root/$h
+  for b in daemon/strata-worker coordinator/strata-coordinator cli/stratactl ib/strata-topo; do
+    check "$h: $(basename $b) installed, executable" bash -c "cmp -s '$build/$b' '$r/usr/local/bin/$(basename $b)' && test -x '$r/usr/local/bin/$(basename $b)'"
+  done
+  check "$h: the model" cmp -s "$shared/models/stories260K.gguf" "$r/var/lib/strata/models/stories260K.gguf"
+  check "$h: state dir 0750" test "$(stat -c %a "$r/var/lib/strata")" = 750
+  check "$h: /etc/strata 0750" test "$(stat -c %a "$r/etc/strata")" = 750
+  check "$h: deployment guide" cmp -s "$src/docs/deployment.md" "$r/usr/local/share/doc/strata/deployment.md"
+  check "$h: package list from scripts/bootstrap" grep -qx libucx-dev "$r/usr/local/share/strata/apt-packages"
+  check "$h: test-only packages left out" bash -c "! grep -qx -e prometheus -e nodejs -e ansible-core '$r/usr/local/share/strata/apt-packages'"
+done
+check "package count = bootstrap's less 8 excluded" test "$(wc -l < "$tmp/root/coord/usr/local/share/strata/apt-packages")" \
+  -eq "$(( $(sed -n '/^PACKAGES=(/,/^)/p' "$src/scripts/bootstrap" | sed 's/#.*//' | tr -s ' ' '\n' | grep -cv -e '^$' -e 'PACKAGES=(' -e '^)$') - 8 ))"
+c=$tmp/root/coord
+check "coord: unit = systemd/strata-coordinator.service" cmp -s "$src/systemd/strata-coordinator.service" "$c/etc/systemd/system/strata-coordinator.service"
+check "coord: no worker unit" test ! -e "$c/etc/systemd/system/strata-worker.service"
+check "coord: cluster.ini model" grep -qx "model = /var/lib/strata/models/stories260K.gguf" "$c/etc/strata/cluster.ini"
+check "coord: cluster.ini model_name" grep -qx "model_name = stories260K" "$c/etc/strata/cluster.ini"
+check "coord: cluster.ini listen (extra wins)" grep -qx "listen = 127.0.0.1:0" "$c/etc/strata/cluster.ini"
+check "coord: cluster.ini kv_blocks (extra wins)" grep -qx "kv_blocks = 256" "$c/etc/strata/cluster.ini"
+check "coord: env --min-workers 2" grep -qx "STRATA_COORDINATOR_ARGS=--min-workers 2" "$c/etc/strata/strata-coordinator.env"
+check "coord: env grpc listen" grep -qx "STRATA_GRPC_LISTEN=127.0.0.1:$grpc_port" "$c/etc/strata/strata-coordinator.env"
+check "coord: env mode 0640" test "$(stat -c %a "$c/etc/strata/strata-coordinator.env")" = 640
+for h in w1 w2; do
+  e=$tmp/root/$h/etc/strata/strata-worker.env
+  check "$h: unit = systemd/strata-worker.service" cmp -s "$src/systemd/strata-worker.service" "$tmp/root/$h/etc/systemd/system/strata-worker.service"
+  check "$h: STRATA_NODE_NAME=$h" grep -qx "STRATA_NODE_NAME=$h" "$e"
+  check "$h: STRATA_COORDINATOR" grep -qx "STRATA_COORDINATOR=127.0.0.1:$grpc_port" "$e"
+  check "$h: UCX_TLS from strata_worker_env" grep -qx "UCX_TLS=tcp" "$e"
+  check "$h: env mode 0640" test "$(stat -c %a "$e")" = 640
+  # The rendered file sets the STRATA_* variables the documented one does.
+  check "$h: same STRATA_* variables as systemd/strata-worker.env" test \
+    "$(grep -o '^STRATA_[A-Z_]*' "$src/systemd/strata-worker.env" | grep -v NODE_NAME | sort | tr '\n' ' ')" = \
+    "$(grep -o '^STRATA_[A-Z_]*' "$e" | grep -v NODE_NAME | sort | tr '\n' ' ')"
+done
+check "w2: STRATA_WORKER_ARGS" grep -qx "STRATA_WORKER_ARGS=--threads 1" "$tmp/root/w2/etc/strata/strata-worker.env"
+check "coord env: same STRATA_* variables as systemd/strata-coordinator.env" test \
+  "$(grep -o '^STRATA_[A-Z_]*' "$src/systemd/strata-coordinator.env" | sort | tr '\n' ' ')" = \
+  "$(grep -o '^STRATA_[A-Z_]*' "$c/etc/strata/strata-coordinator.env" | sort | tr '\n' ' ')"
+
+# 3. Idempotent, and a dry run changes nothing either.
+play site.yml > "$tmp/run2.log" 2>&1 || { cat "$tmp/run2.log"; echo "FAIL: site.yml (2nd run)"; exit 1; }
+check "run 2: changed=0 on every host" test "$(grep -cE '^(coord|w1|w2) .*changed=0 .*failed=0' "$tmp/run2.log")" -eq 3
+play site.yml --check --diff > "$tmp/check.log" 2>&1 || { cat "$tmp/check.log"; echo "FAIL: site.yml --check"; exit 1; }
+check "--check --diff: changed=0 on every host" test "$(grep -cE '^(coord|w1|w2) .*changed=0 .*failed=0' "$tmp/check.log")" -eq 3
+# ... and a changed setting shows up as a diff in check mode, and is not written.
+play site.yml --check --diff -e strata_log_level=warn --limit w1 > "$tmp/check2.log" 2>&1 || true
+check "--check --diff shows a changed setting" grep -q '^+STRATA_LOG=warn' "$tmp/check2.log"
+check "--check wrote nothing" grep -qx "STRATA_LOG=debug" "$tmp/root/w1/etc/strata/strata-worker.env"
+
+# 4. The installed units verify, with their paths under the root.
+mkdir -p "$tmp/verify"
+for h in coord w1; do
+  u=$([ $h = coord ] && echo strata-coordinator || echo strata-worker)
+  sed -e "s#/usr/local/bin/#$tmp/root/$h/usr/local/bin/#g; s#/etc/strata/#$tmp/root/$h/etc/strata/#g" \
+    "$tmp/root/$h/etc/systemd/system/$u.service" > "$tmp/verify/$u.service"
+done
+rc=0; ( cd "$tmp/verify" && systemd-analyze verify ./strata-coordinator.service ./strata-worker.service ) > "$tmp/verify.out" 2>&1 || rc=$?
+cat "$tmp/verify.out"
+check "installed units: systemd-analyze verify clean" test "$rc" -eq 0 -a ! -s "$tmp/verify.out"
+
+# 5. The installed cluster runs; rolling_restart.yml restarts it under load.
+ctl_in() { "$c/usr/local/bin/stratactl" --addr "127.0.0.1:$grpc_port" "$@"; }
+"$here/local_service.sh" start "$c" strata-coordinator
+"$here/local_service.sh" start "$tmp/root/w1" strata-worker
+"$here/local_service.sh" start "$tmp/root/w2" strata-worker
+check "w1 ran strata-topo (ExecStartPre)" grep -q '^# NCCL_IB_\* from strata-topo' "$tmp/root/w1/run/strata-worker/nccl.env"
+serving=0
+for _ in $(seq 120); do
+  if ctl_in --json status 2> /dev/null | grep -q '"serving": *true'; then serving=1; break; fi
+  sleep 0.5
+done
+check "cluster from the installed files serves" test "$serving" -eq 1
+ctl_in nodes || true
+ctl_in placement show || true
+pids_before="$(cat "$tmp/root/w1/run/strata-worker.pid") $(cat "$tmp/root/w2/run/strata-worker.pid")"
+
+# A client generating all along: every request must complete.
+( ok=0; bad=0
+  while [ ! -e "$tmp/stop-load" ]; do
+    if ctl_in generate "Once upon a time" --max-tokens 16 > "$tmp/gen.out" 2> "$tmp/gen.err"; then ok=$((ok+1));
+    else bad=$((bad+1)); cp "$tmp/gen.err" "$tmp/gen.err.$bad"; fi
+  done
+  echo "$ok $bad" > "$tmp/load.result" ) &
+load_pid=$!
+
+t0=$(date +%s.%N)
+rc=0
+play rolling_restart.yml -e "strata_stratactl=$c/usr/local/bin/stratactl" \
+  -e "strata_worker_restart_command='$here/local_service.sh restart $tmp/root/{{ inventory_hostname }} strata-worker'" \
+  -e strata_wait_delay=1 > "$tmp/roll.log" 2>&1 || rc=$?
+echo "rolling_restart.yml: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+touch "$tmp/stop-load"; wait "$load_pid" || true; load_pid=
+grep -E '^TASK|^(ok|changed|fatal)' "$tmp/roll.log" | grep -E 'Drain|Restart|fatal|changed' || true
+grep -A4 '^PLAY RECAP' "$tmp/roll.log"
+[ "$rc" -eq 0 ] || cat "$tmp/roll.log"
+check "rolling_restart.yml succeeded" test "$rc" -eq 0
+check "workers drained in turn: w1, then w2" test "$(grep -oE '^TASK \[Drain w[12]\]' "$tmp/roll.log" | tr '\n' ' ')" = "TASK [Drain w1] TASK [Drain w2] "
+pids_after="$(cat "$tmp/root/w1/run/strata-worker.pid") $(cat "$tmp/root/w2/run/strata-worker.pid")"
+for i in 1 2; do
+  check "w$i restarted (new pid)" test "$(echo $pids_before | cut -d' ' -f$i)" != "$(echo $pids_after | cut -d' ' -f$i)"
+done
+read -r n_ok n_bad < "$tmp/load.result"
+echo "generate requests during the roll: $n_ok completed, $n_bad failed"
+for f in "$tmp"/gen.err.*; do [ -e "$f" ] && { echo "--- $f"; cat "$f"; }; done
+check "requests completed during the roll" test "$n_ok" -gt 0
+check "no request failed during the roll" test "$n_bad" -eq 0
+ctl_in placement show
+check "layers on both workers again" bash -c "ctl_out=\$('$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port --json placement show); echo \"\$ctl_out\" | grep -q '\"w1\"' && echo \"\$ctl_out\" | grep -q '\"w2\"'"
+check "both workers ready" test "$(ctl_in --json nodes | grep -c '"NODE_STATE_READY"')" -eq 2
+check "generate after the roll" bash -c "'$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port generate 'Once upon a time' --max-tokens 8 | grep -q ."
+
+[ "$fail" -eq 0 ] && echo "test_ansible: all checks passed"
+exit "$fail"
