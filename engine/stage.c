@@ -531,8 +531,28 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* Runs one phase on every rank and waits. Returns the first rank's error. */
+/* Runs one phase on every rank and waits. Returns the first rank's error.
+ * A single CPU rank (TP 1) runs the per-forward phases inline on the caller's
+ * thread: the rank thread then only loads (phase 0), and a forward costs no
+ * thread hand-offs. (The CPU backend keeps no thread-affine state; a CUDA
+ * rank stays on its thread, which owns the device context.) */
 static int run_phase(stage *s, int phase, st_err *err) {
+    if (s->tp == 1 && !s->cuda && phase != 0) {
+        rank_ctx *rc = &s->ranks[0];
+        double t0 = now_s();
+        rc->rc = 0;
+        if (phase == 1) {
+            rc->rc = rank_prepare(rc, s->cur.b->n_tokens, s->cur.n_logit, &rc->err);
+        } else {
+            rank_forward(rc);
+            rc->busy += now_s() - t0;
+        }
+        if (rc->rc != 0) {
+            if (err) *err = rc->err;
+            return st_err_prefix(err, "stage rank %d", 0);
+        }
+        return 0;
+    }
     pthread_mutex_lock(&s->mu);
     s->phase = phase;
     s->n_done = 0;

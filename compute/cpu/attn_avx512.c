@@ -4,25 +4,32 @@
  *
  * Bit-exact with the scalar kernels in ops.c, as attn_avx2.c (same scheme,
  * 16 lanes): scores 16 positions of a block at a time (one lane each, K
- * gathered, q[i] * k[i] summed over i in order); expf and the double sum
- * scalar; the weighted V sum 16 head dims at a time (masked tails).
+ * gathered, q[i] * k[i] summed over i in order); expf 16 lanes at a time
+ * (vexpf_avx512.h, bit-identical to libm's), the double sum scalar; the
+ * weighted V sum 16 head dims at a time (masked tails). Also SwiGLU with the
+ * same expf (ops_swiglu_avx512).
  */
 #include <immintrin.h>
 #include <math.h>
 
 #include "common/dtype.h"
 #include "compute/cpu/ops.h"
+#include "compute/cpu/vexpf_avx512.h"
 
 #define AI static inline __attribute__((always_inline))
 
 AI __mmask16 tail_mask(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
 
+/* s[p] = expf(s[p] - mx), 16 at a time (st_vexpf16 is bit-identical to
+ * libm's expf); the double sum stays sequential, in order. */
 AI float softmax_exp(float *s, int32_t n_pos, float mx) {
-    double sum = 0.0;
-    for (int32_t p = 0; p < n_pos; p++) {
-        s[p] = expf(s[p] - mx);
-        sum += (double)s[p];
+    const __m512 vmx = _mm512_set1_ps(mx);
+    for (int32_t p = 0; p < n_pos; p += 16) {
+        const __mmask16 m = tail_mask(n_pos - p);
+        _mm512_mask_storeu_ps(s + p, m, st_vexpf16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + p), vmx)));
     }
+    double sum = 0.0;
+    for (int32_t p = 0; p < n_pos; p++) sum += (double)s[p];
     return (float)(1.0 / sum);
 }
 
@@ -117,5 +124,26 @@ void ops_attend_head_f16_avx512(float *out, const float *q, const uint16_t *kcac
             }
         }
         _mm512_mask_storeu_ps(out + i0, m, acc);
+    }
+}
+
+/* out[i] = (g / (1 + expf(-g))) * up[i], as ops_swiglu (same roundings). */
+void ops_swiglu_avx512(float *out, const float *gate, const float *up, int64_t i0, int64_t i1) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = i0; i < i1; i += 16) {
+        const __mmask16 m = tail_mask(i1 - i < 16 ? (int)(i1 - i) : 16);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        const __m512 ng = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN)));
+        const __m512 e = st_vexpf16(ng);
+        const __m512 y = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, up + i));
+        _mm512_mask_storeu_ps(out + i, m, y);
+    }
+}
+
+/* y[i] = expf(x[i]) (bit-identical to libm's; for tests and benches). */
+void ops_expf_avx512(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i < 16 ? (int)(n - i) : 16);
+        _mm512_mask_storeu_ps(y + i, m, st_vexpf16(_mm512_maskz_loadu_ps(m, x + i)));
     }
 }

@@ -165,6 +165,18 @@ static void run_blas_gemm(void *p, int ith, int nth) {
     }
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+/* The AVX-512 kernels are built without ASan instrumentation (see
+ * compute/cpu/CMakeLists.txt): check each call's ranges here instead; a
+ * poisoned byte is read through an instrumented access, so ASan reports it
+ * as usual. */
+static void asan_check_range(const void *p, size_t bytes) {
+    const volatile char *bad = __asan_region_is_poisoned((void *)p, bytes);
+    if (bad) (void)*bad;
+}
+#endif
+
 static void *alloc64(size_t nfloats) {
     size_t bytes = (nfloats * sizeof(float) + 63) / 64 * 64;
     return aligned_alloc(64, bytes ? bytes : 64);
@@ -184,6 +196,11 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     if (T == 0 || N == 0) return 0;
     if (!y || !x || !w) return st_errf(err, "matmul: NULL buffer");
 
+#if defined(__SANITIZE_ADDRESS__)
+    asan_check_range(w, rb * (size_t)N);
+    asan_check_range(x, sizeof(float) * (size_t)T * (size_t)K);
+    asan_check_range(y, sizeof(float) * (size_t)T * (size_t)N);
+#endif
     int lv = atomic_load(&mm_level);
     const cpu_kernels *kn = kernels_for(lv);
     int nth = st_pool_size(pool);

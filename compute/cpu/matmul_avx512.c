@@ -4,7 +4,9 @@
  * Matvec (decode): one weight row converted 16 lanes at a time (F16 via
  * vcvtph2ps, BF16 by a 16-bit shift, Q8_0/Q4_0 by integer widening with one
  * scale per 32-block), dotted with up to 4 token rows while in registers;
- * K tails use masked loads.
+ * K tails use masked loads. The 16-lane partial sums of 16 rows are reduced
+ * together by a shuffle transpose (reduce16: the same addition tree as
+ * _mm512_reduce_add_ps, so the same bits, at a third of the shuffles).
  *
  * GEMM (prefill): the classic register-blocked outer-product kernel (as in
  * BLIS/OpenBLAS): x is packed transposed (xp[k][t], matmul.c), a tile of
@@ -45,9 +47,11 @@ AI __m512 loadm_bf16(const uint8_t *r, int64_t k, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-/* Dense types: one row × NT token rows, two accumulators per token. */
+/* Dense types: one row × NT token rows, two accumulators per token; out[t]
+ * gets the 16 partial sums of token t, which _mm512_reduce_add_ps (or
+ * reduce16 below, bit for bit the same) turns into the dot product. */
 #define DEF_DENSE(TY)                                                                          \
-    AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) { \
+    AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, __m512 *out) { \
         __m512 a0[4], a1[4];                                                                   \
         for (int t = 0; t < NT; t++) a0[t] = a1[t] = _mm512_setzero_ps();                     \
         int64_t k = 0;                                                                         \
@@ -64,7 +68,7 @@ AI __m512 loadm_bf16(const uint8_t *r, int64_t k, __mmask16 m) {
             for (int t = 0; t < NT; t++)                                                       \
                 a0[t] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + t * K + k), a0[t]);   \
         }                                                                                      \
-        for (int t = 0; t < NT; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t])); \
+        for (int t = 0; t < NT; t++) out[t] = _mm512_add_ps(a0[t], a1[t]);                  \
     }
 DEF_DENSE(f32)
 DEF_DENSE(f16)
@@ -84,7 +88,7 @@ AI void q4_unpack(const uint8_t *q, __m512 v[2]) {
 }
 
 #define DEF_QUANT(TY, QK, BYTES)                                                               \
-    AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) { \
+    AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, __m512 *out) { \
         __m512 acc[4];                                                                         \
         for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();                            \
         for (int64_t k = 0; k < K; k += QK, wr += BYTES) {                                     \
@@ -97,31 +101,128 @@ AI void q4_unpack(const uint8_t *q, __m512 v[2]) {
                 acc[t] = _mm512_fmadd_ps(s, d, acc[t]);                                        \
             }                                                                                  \
         }                                                                                      \
-        for (int t = 0; t < NT; t++) out[t] = _mm512_reduce_add_ps(acc[t]);                    \
+        for (int t = 0; t < NT; t++) out[t] = acc[t];                                          \
     }
 #define q8_0_unpack_ q8_unpack
 #define q4_0_unpack_ q4_unpack
 DEF_QUANT(q8_0, QK8_0, 2 + QK8_0)
 DEF_QUANT(q4_0, QK4_0, 2 + QK4_0 / 2)
 
-/* Rows × token chunks of 4; NT is a constant in each call so the
- * accumulators stay in registers. */
+/* Lane i of the result is _mm512_reduce_add_ps(v[slot(i)]), bit for bit:
+ * the same tree as GCC's __MM512_REDUCE_OP (lane l + lane l+8, then the
+ * 128-bit halves of that, then l + l^2, then l + l^1), done for 16 vectors at
+ * once by transposing shuffles instead of 16 horizontal reductions. The
+ * shuffles leave row 4c+m's sum in lane 4m+c, so callers put row i's vector
+ * in slot(i) = 4*(i%4) + i/4 and get row i in lane i. */
+AI int red_slot(int i) { return 4 * (i & 3) + (i >> 2); }
+AI __m512 reduce16(const __m512 *v) {
+    __m512 p[8], q[4], r[2];
+    for (int i = 0; i < 8; i++) /* [a0-7 + a8-15 | b0-7 + b8-15] */
+        p[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)));
+    for (int j = 0; j < 4; j++) /* per 128-bit block: one vector's upper 4 + lower 4 of the 8 */
+        q[j] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * j], p[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)),
+                             _mm512_shuffle_f32x4(p[2 * j], p[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)));
+    for (int k = 0; k < 2; k++) /* l + l^2 */
+        r[k] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * k], q[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(q[2 * k], q[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* l + l^1 */
+    return _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Small K (a multiple of 16, at most 64: e.g. a tiny model's n_embd): the NT
+ * token rows stay in registers (NK = K/16 vectors each) across 16 weight
+ * rows. Chunk c goes to accumulator c % 2, as in dot_* (whose 32-wide loop
+ * plus 16-wide tail does the same for K % 16 == 0), so the bits are equal. */
+#define DEF_SMALLK(TY)                                                                          \
+    AI void mvs_##TY(const int NT, const int NK, const uint8_t *w, size_t rb, int nr,            \
+                     const float *x, int64_t K, __m512 (*v)[16]) {                              \
+        __m512 xr[4][4];                                                                        \
+        for (int t = 0; t < NT; t++)                                                            \
+            for (int c = 0; c < NK; c++) xr[t][c] = _mm512_loadu_ps(x + t * K + 16 * c);        \
+        for (int i = 0; i < nr; i++) {                                                          \
+            const uint8_t *wr = w + (size_t)i * rb;                                             \
+            __m512 wv[4];                                                                       \
+            for (int c = 0; c < NK; c++) wv[c] = load_##TY(wr, 16 * c);                         \
+            for (int t = 0; t < NT; t++) {                                                      \
+                __m512 a0 = _mm512_fmadd_ps(wv[0], xr[t][0], _mm512_setzero_ps());              \
+                __m512 a1 = _mm512_setzero_ps();                                                \
+                if (NK > 1) a1 = _mm512_fmadd_ps(wv[1], xr[t][1], a1);                          \
+                if (NK > 2) a0 = _mm512_fmadd_ps(wv[2], xr[t][2], a0);                          \
+                if (NK > 3) a1 = _mm512_fmadd_ps(wv[3], xr[t][3], a1);                          \
+                v[t][red_slot(i)] = _mm512_add_ps(a0, a1);                                      \
+            }                                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+    static void mvs_nk_##TY(int nt, int nk, const uint8_t *w, size_t rb, int nr, const float *x, \
+                            int64_t K, __m512 (*v)[16]) {                                       \
+        switch (nt * 4 + nk) {                                                                  \
+        case 4 + 1: mvs_##TY(1, 1, w, rb, nr, x, K, v); break;                                  \
+        case 4 + 2: mvs_##TY(1, 2, w, rb, nr, x, K, v); break;                                  \
+        case 4 + 3: mvs_##TY(1, 3, w, rb, nr, x, K, v); break;                                  \
+        case 4 + 4: mvs_##TY(1, 4, w, rb, nr, x, K, v); break;                                  \
+        case 8 + 1: mvs_##TY(2, 1, w, rb, nr, x, K, v); break;                                  \
+        case 8 + 2: mvs_##TY(2, 2, w, rb, nr, x, K, v); break;                                  \
+        case 8 + 3: mvs_##TY(2, 3, w, rb, nr, x, K, v); break;                                  \
+        case 8 + 4: mvs_##TY(2, 4, w, rb, nr, x, K, v); break;                                  \
+        case 12 + 1: mvs_##TY(3, 1, w, rb, nr, x, K, v); break;                                 \
+        case 12 + 2: mvs_##TY(3, 2, w, rb, nr, x, K, v); break;                                 \
+        case 12 + 3: mvs_##TY(3, 3, w, rb, nr, x, K, v); break;                                 \
+        case 12 + 4: mvs_##TY(3, 4, w, rb, nr, x, K, v); break;                                 \
+        case 16 + 1: mvs_##TY(4, 1, w, rb, nr, x, K, v); break;                                 \
+        case 16 + 2: mvs_##TY(4, 2, w, rb, nr, x, K, v); break;                                 \
+        case 16 + 3: mvs_##TY(4, 3, w, rb, nr, x, K, v); break;                                 \
+        default: mvs_##TY(4, 4, w, rb, nr, x, K, v); break;                                     \
+        }                                                                                       \
+    }
+DEF_SMALLK(f32)
+DEF_SMALLK(f16)
+DEF_SMALLK(bf16)
+#define HAS_SMALLK_f32 1
+#define HAS_SMALLK_f16 1
+#define HAS_SMALLK_bf16 1
+#define HAS_SMALLK_q8_0 0
+#define HAS_SMALLK_q4_0 0
+/* quant types: never called (HAS_SMALLK_* is 0) */
+static void mvs_nk_q8_0(int nt, int nk, const uint8_t *w, size_t rb, int nr, const float *x, int64_t K,
+                        __m512 (*v)[16]) {
+    (void)nt, (void)nk, (void)w, (void)rb, (void)nr, (void)x, (void)K, (void)v;
+}
+#define mvs_nk_q4_0 mvs_nk_q8_0
+
+/* 16 rows × token chunks of 4 (NT is a constant in each dot call so the
+ * accumulators stay in registers); the 16 rows' partial-sum vectors of each
+ * token are reduced together and stored as 16 consecutive outputs. */
 #define DEF_MATVEC(TY)                                                                          \
     static void mv_##TY(const uint8_t *w, size_t rb, int64_t nrows, const float *x, int64_t T, \
                         int64_t K, float *y, int64_t ldy) {                                     \
-        float o[4];                                                                             \
-        for (int64_t r = 0; r < nrows; r++) {                                                   \
-            const uint8_t *wr = w + (size_t)r * rb;                                             \
+        __m512 v[4][16], o[4];                                                                  \
+        const int smallk = HAS_SMALLK_##TY && K % 16 == 0 && K <= 64;                           \
+        for (int64_t r0 = 0; r0 < nrows; r0 += 16) {                                            \
+            const int nr = nrows - r0 < 16 ? (int)(nrows - r0) : 16;                            \
+            const __mmask16 m = nr == 16 ? (__mmask16)0xffff : (__mmask16)((1u << nr) - 1);     \
             for (int64_t t0 = 0; t0 < T; t0 += 4) {                                             \
-                int64_t nt = T - t0 < 4 ? T - t0 : 4;                                           \
+                const int nt = T - t0 < 4 ? (int)(T - t0) : 4;                                  \
                 const float *xt = x + t0 * K;                                                   \
-                switch (nt) {                                                                   \
-                case 4: dot_##TY(wr, xt, K, 4, o); break;                                       \
-                case 3: dot_##TY(wr, xt, K, 3, o); break;                                       \
-                case 2: dot_##TY(wr, xt, K, 2, o); break;                                       \
-                default: dot_##TY(wr, xt, K, 1, o); break;                                      \
+                if (smallk) {                                                                   \
+                    mvs_nk_##TY(nt, (int)(K / 16), w + (size_t)r0 * rb, rb, nr, xt, K, v);      \
+                } else {                                                                        \
+                    for (int i = 0; i < nr; i++) {                                              \
+                        const uint8_t *wr = w + (size_t)(r0 + i) * rb;                          \
+                        switch (nt) {                                                           \
+                        case 4: dot_##TY(wr, xt, K, 4, o); break;                               \
+                        case 3: dot_##TY(wr, xt, K, 3, o); break;                               \
+                        case 2: dot_##TY(wr, xt, K, 2, o); break;                               \
+                        default: dot_##TY(wr, xt, K, 1, o); break;                              \
+                        }                                                                       \
+                        for (int t = 0; t < nt; t++) v[t][red_slot(i)] = o[t];                  \
+                    }                                                                           \
                 }                                                                               \
-                for (int64_t t = 0; t < nt; t++) y[(t0 + t) * ldy + r] = o[t];                  \
+                for (int i = nr; i < 16; i++)                                                   \
+                    for (int t = 0; t < nt; t++) v[t][red_slot(i)] = _mm512_setzero_ps();       \
+                for (int t = 0; t < nt; t++)                                                    \
+                    _mm512_mask_storeu_ps(y + (t0 + t) * ldy + r0, m, reduce16(v[t]));          \
             }                                                                                   \
         }                                                                                       \
     }

@@ -154,11 +154,18 @@ void ops_attend_head_f16(float *out, const float *q, const uint16_t *kcache, con
     }
 }
 
-void ops_swiglu(float *out, const float *gate, const float *up, int64_t i0, int64_t i1) {
+void ops_swiglu_scalar(float *out, const float *gate, const float *up, int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; i++) {
         float g = gate[i];
         out[i] = (g / (1.0f + expf(-g))) * up[i];
     }
+}
+
+void ops_swiglu(float *out, const float *gate, const float *up, int64_t i0, int64_t i1) {
+    if (strcmp(cpu_simd_level(), "avx512") == 0)
+        ops_swiglu_avx512(out, gate, up, i0, i1);
+    else
+        ops_swiglu_scalar(out, gate, up, i0, i1);
 }
 
 void ops_add(float *y, const float *x, int64_t i0, int64_t i1) {

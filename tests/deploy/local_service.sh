@@ -5,7 +5,7 @@
 # ExecStart= lines of ROOT/etc/systemd/system/UNIT.service run with the unit's
 # Environment= defaults and its EnvironmentFile= files (read in order, later
 # wins, KEY=VALUE as systemd.exec(5) reads them), every absolute path moved
-# under ROOT. The process runs in the background (pid in ROOT/run/UNIT.pid,
+# under ROOT (the files of /etc/strata too). The process runs in the background (pid in ROOT/run/UNIT.pid,
 # output in ROOT/UNIT.log); start waits for its "listening on" line, stop
 # sends SIGTERM and waits for the exit.
 set -euo pipefail
@@ -15,12 +15,12 @@ pidf=$root/run/$unit.pid
 log=$root/$unit.log
 mkdir -p "$root/run"
 
-reroot() { sed -e "s#/usr/local/bin/#$root/usr/local/bin/#g; s#/etc/strata/#$root/etc/strata/#g" \
-               -e "s#/var/lib/strata#$root/var/lib/strata#g; s#/run/#$root/run/#g" -e "s#%H#$(hostname)#g"; }
+# /etc/strata/X is read from ROOT/run/etc/strata/X, a copy with its paths rerooted too.
+reroot() { sed -e "s#/usr/local/bin/#$root/usr/local/bin/#g; s#/etc/strata/#$root/run/etc/strata/#g" \
+               -e "s#/var/lib/strata#$root/var/lib/strata#g; s#\(^\|[ =-]\)/run/#\1$root/run/#g" -e "s#%H#$(hostname)#g"; }
 
 load_env_file() { # KEY=VALUE lines; '#' comments; no expansion (systemd.exec(5))
   local f=$1 line
-  [ -r "$f" ] || return 0
   while IFS= read -r line || [ -n "$line" ]; do
     case $line in ''|'#'*|';'*) continue ;; esac
     export "${line%%=*}=${line#*=}"
@@ -28,12 +28,15 @@ load_env_file() { # KEY=VALUE lines; '#' comments; no expansion (systemd.exec(5)
 }
 
 start() {
-  mkdir -p "$root/run/$unit"
+  mkdir -p "$root/run/$unit" "$root/run/etc/strata"
+  for f in "$root"/etc/strata/*; do reroot < "$f" > "$root/run/etc/strata/$(basename "$f")"; done
   (
     while IFS= read -r l; do export "${l#Environment=}"; done < <(grep '^Environment=' "$file" | reroot)
     pre=$(grep '^ExecStartPre=' "$file" | reroot | sed 's/^ExecStartPre=-\{0,1\}//' || true)
     [ -z "$pre" ] || eval "$pre" || true
-    while IFS= read -r f; do load_env_file "${f#-}"; done < <(grep '^EnvironmentFile=' "$file" | sed 's/^EnvironmentFile=//' | reroot)
+    while IFS= read -r f; do
+      f=${f#-}; [ ! -r "$f" ] || load_env_file "$f"
+    done < <(grep '^EnvironmentFile=' "$file" | sed 's/^EnvironmentFile=//' | reroot)
     exe=$(grep '^ExecStart=' "$file" | reroot | sed 's/^ExecStart=//')
     cd "$root/var/lib/strata"
     ( eval "exec $exe" ) > "$log" 2>&1 < /dev/null &

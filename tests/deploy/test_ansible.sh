@@ -15,7 +15,7 @@
 set -euo pipefail
 src=$1 shared=$2 worker=$3 coord=$4 topo=$5 ctl=$6
 here=$(cd "$(dirname "$0")" && pwd)
-build=$(dirname "$(dirname "$worker")")
+build=$(cd "$(dirname "$(dirname "$worker")")" && pwd)
 fail=0
 check() { if "${@:2}"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi; }
 for t in ansible-playbook systemd-analyze; do
@@ -29,7 +29,7 @@ cleanup() {
   [ -z "${load_pid:-}" ] || kill "$load_pid" 2> /dev/null || true
   rm -rf "$tmp"
 }
-trap cleanup EXIT
+[ -n "${STRATA_TEST_KEEP:-}" ] || trap cleanup EXIT
 export ANSIBLE_LOCAL_TEMP=$tmp/ansible-local ANSIBLE_REMOTE_TEMP=$tmp/ansible-remote
 export ANSIBLE_NOCOLOR=1 ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_STDOUT_CALLBACK=default
 grpc_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -122,6 +122,13 @@ check "--check --diff: changed=0 on every host" test "$(grep -cE '^(coord|w1|w2)
 play site.yml --check --diff -e strata_log_level=warn --limit w1 > "$tmp/check2.log" 2>&1 || true
 check "--check --diff shows a changed setting" grep -q '^+STRATA_LOG=warn' "$tmp/check2.log"
 check "--check wrote nothing" grep -qx "STRATA_LOG=debug" "$tmp/root/w1/etc/strata/strata-worker.env"
+
+# The build method in check mode: the checkout is archived and would be
+# copied and built (the build itself is minutes of compiling, not run here).
+play site.yml --check -e strata_install_method=build -e "strata_archive=$tmp/src.tar.gz" --limit w1 > "$tmp/build-check.log" 2>&1 || { cat "$tmp/build-check.log"; fail=1; }
+check "build method, --check: no failure" grep -qE '^w1 .*failed=0' "$tmp/build-check.log"
+check "build method: git archive of HEAD made" tar -tzf "$tmp/src.tar.gz" CMakeLists.txt scripts/bootstrap
+check "build method: the archive would be copied" grep -q 'changed: \[w1\]' <(grep -A2 'Copy the sources to the node' "$tmp/build-check.log")
 
 # 4. The installed units verify, with their paths under the root.
 mkdir -p "$tmp/verify"
