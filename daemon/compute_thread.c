@@ -33,6 +33,13 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void push(cjob **head, cjob **tail, cjob *j)
 {
     j->next = NULL;
@@ -101,9 +108,10 @@ static void run_forward(compute *c, cjob *j)
         j->status = st_errf(&j->err, "worker: no stage loaded");
         return;
     }
-    double t0 = now_s();
+    j->start_ns = now_ns();
     j->status = stage_forward(c->st, &j->batch, j->hidden_in, j->hidden_out, j->samples, &j->err);
-    j->seconds = now_s() - t0;
+    j->end_ns = now_ns();
+    j->seconds = (double)(j->end_ns - j->start_ns) * 1e-9;
     if (j->status == 0 && j->out_bf16) frame_f32_to_bf16(j->hidden_out, j->out_bf16, j->n_out);
 }
 

@@ -59,6 +59,7 @@ typedef struct cjob {
     stage_sample_out *samples;  /* last stage: batch.n_seqs entries */
     /* FORWARD output */
     double seconds;             /* wall time of stage_forward */
+    uint64_t start_ns, end_ns;  /* CLOCK_MONOTONIC ns around stage_forward */
 
     /* Both: 0 or -1 with err. A FORWARD without a loaded stage fails. */
     int status;
