@@ -236,6 +236,12 @@ static void finish_locked(rpc_call *c, int code, const char *msg) {
         code = RPC_INTERNAL;
         msg = "handler finished a unary call without a reply";
     }
+    /* A handler that stops because the deadline passed sees "cancelled"; the
+     * client must still get DEADLINE_EXCEEDED, whichever status arrives first. */
+    if (code == RPC_CANCELLED && !c->cancelled && time_left_s(c->details.deadline) <= 0) {
+        code = RPC_DEADLINE_EXCEEDED;
+        msg = "deadline exceeded";
+    }
     c->code = code;
     c->msg = strdup(msg ? msg : "");
     if (!c->send_busy && !c->status_started) start_status_locked(c);
