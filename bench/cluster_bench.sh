@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # cluster_bench.sh — issue 5's speed figures (a benchmark: figures, not pass/fail).
 #
-#   bench/cluster_bench.sh [--gen N] [--build DIR] [--model FILE]
+#   bench/cluster_bench.sh [--gen N] [--build DIR] [--model FILE] [--microbatch-only]
 #
+# 0. micro-batching on stories260K (../shared/models, or $STRATA_SHARED/models):
+#    a PP 2 cluster (TP 1, 1 thread per worker) serving greedy completions of
+#    64 tokens of the reference prompts; decode tok/s (completion tokens / wall
+#    time) of 1 sequence vs 8 concurrent ones, best of 5 runs each, and their
+#    ratio; and how long both stages computed at once during the runs
+#    (intersection of the stages' forward intervals from GET /v1/stages,
+#    CLOCK_MONOTONIC), as a share of the shorter stage's busy time (0 with 1
+#    sequence: one micro-batch in flight). The same measurement as the
+#    cluster_microbatch test, which asserts the overlap but only prints the
+#    ratio. --microbatch-only stops after this part.
 # On bench-1b F16 (generated with `strata-gguf synth --preset bench-1b` into
 # the build dir when missing; --model or $BENCH_MODEL to use another file):
 #  1. decode tok/s, batch 1: strata-bench in one process with 2 threads, vs a
@@ -23,28 +33,21 @@ cd "$root"
 gen=32
 build=build
 model="${BENCH_MODEL:-}"
+mb_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --gen) gen="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
-    *) echo "usage: $0 [--gen N] [--build DIR] [--model FILE]" >&2; exit 2 ;;
+    --microbatch-only) mb_only=1; shift ;;
+    *) echo "usage: $0 [--gen N] [--build DIR] [--model FILE] [--microbatch-only]" >&2; exit 2 ;;
   esac
 done
 export UCX_TLS="${UCX_TLS:-tcp}"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target strata-coordinator strata-worker strata-bench \
-    strata-bench-xport strata-gguf >/dev/null
-if [ -z "$model" ]; then
-  model="$root/$build/bench-1b.gguf"
-  if [ ! -f "$model" ]; then
-    echo "# generating $model (strata-gguf synth --preset bench-1b)"
-    "$build/cli/strata-gguf" synth --preset bench-1b --out "$model" >/dev/null
-  fi
-fi
-n_embd=$("$build/cli/strata-gguf" inspect "$model" | sed -n 's/.*embedding_length = \([0-9]*\).*/\1/p')
-act_bytes=$((n_embd * 4))
-echo "# model $model (n_embd $n_embd), $gen generated tokens, UCX_TLS=$UCX_TLS, $(nproc) CPUs"
+targets=(strata-coordinator strata-worker)
+[ "$mb_only" = 1 ] || targets+=(strata-bench strata-bench-xport strata-gguf)
+cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >/dev/null
 
 tmp="$(mktemp -d)"
 pids=()
@@ -55,6 +58,90 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+shared="${STRATA_SHARED:-$root/../shared}"
+echo "## micro-batching: stories260K, PP 2 (2 workers x 1 thread, TP 1), $(nproc) CPUs, UCX_TLS=$UCX_TLS"
+q0=$(free_port); q1=$(free_port); qh=$(free_port)
+cat > "$tmp/mb.ini" <<EOF
+[cluster]
+model = $shared/models/stories260K.gguf
+listen = 127.0.0.1:$qh
+kv_blocks = 512
+max_seqs = 64
+[stage.0]
+address = 127.0.0.1:$q0
+[stage.1]
+address = 127.0.0.1:$q1
+EOF
+"$build/daemon/strata-worker" --listen "127.0.0.1:$q0" --threads 1 >"$tmp/mw0.log" 2>&1 & pids+=($!)
+"$build/daemon/strata-worker" --listen "127.0.0.1:$q1" --threads 1 >"$tmp/mw1.log" 2>&1 & pids+=($!)
+"$build/coordinator/strata-coordinator" --config "$tmp/mb.ini" --ready-timeout 60 \
+    >"$tmp/mc.out" 2>"$tmp/mc.log" & pids+=($!)
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$qh/health" >/dev/null 2>&1 && break
+  kill -0 "${pids[2]}" 2>/dev/null || { tail "$tmp/mc.log"; exit 1; }
+  sleep 0.1
+done
+/usr/bin/python3 -B - "$qh" "$shared" "$root/tests/cluster" <<'EOF'
+import http.client, json, os, sys, threading, time
+port, shared = int(sys.argv[1]), sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+from cluster_test import merged_overlap, settled_stages, forward_window  # the test's measurement
+refs = json.load(open(os.path.join(shared, "reference", "stories260K-greedy.json")))
+class Cl:
+    def stages_json(self):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("GET", "/v1/stages"); d = json.loads(c.getresponse().read()); c.close(); return d
+cl = Cl()
+def complete(i, k, out):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": refs[i]["prompt"], "max_tokens": 64,
+              "temperature": 0, "return_token_ids": True}), headers={"Content-Type": "application/json"})
+    d = json.loads(c.getresponse().read()); c.close()
+    out[k] = (d["choices"][0]["token_ids"] == refs[i]["completion_tokens"][:64],
+              d["usage"]["completion_tokens"])
+def run(first, n):
+    s0 = settled_stages(cl)
+    idx = [(first + k) % len(refs) for k in range(n)]
+    out = [(False, 0)] * n
+    t0_ns = time.monotonic_ns(); t0 = time.time()
+    ts = [threading.Thread(target=complete, args=(i, k, out)) for k, i in enumerate(idx)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    dt = time.time() - t0; t1_ns = time.monotonic_ns()
+    iv, _ = forward_window(s0, settled_stages(cl), t0_ns, t1_ns)
+    busy = min(sum(b - a for a, b in v) for v in iv)
+    return sum(o[1] for o in out) / dt, merged_overlap(iv[0], iv[1]), busy, all(o[0] for o in out)
+r1 = [run(k, 1) for k in range(5)]
+r8 = [run(2 * k, 8) for k in range(5)]
+exact = all(r[3] for r in r1 + r8)
+b1, b8 = max(r[0] for r in r1), max(r[0] for r in r8)
+print("cluster PP2 stories260K, 1 sequence: decode %.0f tok/s (best of %s)" % (b1, [round(r[0]) for r in r1]))
+print("cluster PP2 stories260K, 8 sequences: decode %.0f tok/s (best of %s)" % (b8, [round(r[0]) for r in r8]))
+print("micro-batching ratio (8 vs 1 sequence): %.2fx%s"
+      % (b8 / b1, "" if exact else "  (SOME OUTPUTS DIFFER FROM THE REFERENCE)"))
+for label, rs in (("1 sequence", r1), ("8 sequences", r8)):
+    ov, sh = sum(r[1] for r in rs), sum(r[2] for r in rs)
+    print("stages computing at once, %s: %.3f ms of %.3f ms (shorter stage's busy time) = %.1f%%; per run %s"
+          % (label, ov / 1e6, sh / 1e6, 100 * ov / sh if sh else 0,
+             ["%.1f%%" % (100 * r[1] / r[2] if r[2] else 0) for r in rs]))
+EOF
+for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+pids=()
+[ "$mb_only" = 1 ] && exit 0
+
+if [ -z "$model" ]; then
+  model="$root/$build/bench-1b.gguf"
+  if [ ! -f "$model" ]; then
+    echo "# generating $model (strata-gguf synth --preset bench-1b)"
+    "$build/cli/strata-gguf" synth --preset bench-1b --out "$model" >/dev/null
+  fi
+fi
+n_embd=$("$build/cli/strata-gguf" inspect "$model" | sed -n 's/.*embedding_length = \([0-9]*\).*/\1/p')
+act_bytes=$((n_embd * 4))
+echo "# model $model (n_embd $n_embd), $gen generated tokens, UCX_TLS=$UCX_TLS, $(nproc) CPUs"
 
 echo "## single process (strata-bench, 2 threads)"
 for b in 1 8; do
@@ -74,7 +161,6 @@ print("single process, batch %s: decode %.2f tok/s" % (sys.argv[2], g("decode_to
 done
 
 echo "## PP 2 cluster (2 workers x 1 thread, TP 1)"
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 p0=$(free_port); p1=$(free_port); http=$(free_port)
 cat > "$tmp/cluster.ini" <<EOF
 [cluster]

@@ -20,6 +20,7 @@
 
 #define RETRY_S 0.25
 #define STATS_PERIOD_S 0.1
+#define FWD_KEEP 1024 /* forward intervals kept per stage for GET /v1/stages */
 
 typedef Strata__V1__ControlMessage ctl_msg;
 
@@ -47,6 +48,12 @@ typedef struct stage_link {
     double win_busy_s, win_uptime_s, busy_ratio;
     /* snapshot at the previous stages_json */
     double prev_busy_s, prev_uptime_s;
+    /* the stage's last FWD_KEEP forward intervals (StageStats.forward_ns):
+     * [start, end) CLOCK_MONOTONIC ns, fwd_n received in all, the next one
+     * goes to fwd[fwd_n % FWD_KEEP]; fwd_last_end = the newest end (the next
+     * StatsRequest asks for intervals ending after it) */
+    uint64_t (*fwd)[2];
+    uint64_t fwd_n, fwd_last_end;
 } stage_link;
 
 /* One request (the scheduler's `user`). */
@@ -529,6 +536,15 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         l->forwards = s->forwards;
         l->tokens = s->tokens;
         l->queue_depth = s->queue_depth;
+        /* Replies may overlap (a poll every 100 ms): keep only newer ones. */
+        for (size_t k = 0; l->fwd && k + 1 < s->n_forward_ns; k += 2) {
+            uint64_t a = s->forward_ns[k], b = s->forward_ns[k + 1];
+            if (b <= l->fwd_last_end || a > b) continue;
+            l->fwd[l->fwd_n % FWD_KEEP][0] = a;
+            l->fwd[l->fwd_n % FWD_KEEP][1] = b;
+            l->fwd_n++;
+            l->fwd_last_end = b;
+        }
         break;
     }
     case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_DONE:
@@ -647,6 +663,8 @@ static void on_stats_timer(evutil_socket_t fd, short what, void *arg) {
     for (int i = 0; i < c->n_stages; i++) {
         Strata__V1__StatsRequest q = STRATA__V1__STATS_REQUEST__INIT;
         q.request_id = ++c->stats_req_id;
+        q.forward_intervals = c->links[i].fwd != NULL;
+        q.forward_since_ns = c->links[i].fwd_last_end;
         ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
         m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST;
         m.stats_request = &q;
@@ -741,14 +759,19 @@ static char *eng_stages_json(void *impl) {
         double frac = du > 0 ? db / du : 0.0;
         char addr[COORD_HOST_MAX + 16];
         snprintf(addr, sizeof addr, "%s:%d", l->host, l->port);
+        json_t *fwd = json_array();
+        uint64_t kept = l->fwd_n < FWD_KEEP ? l->fwd_n : FWD_KEEP;
+        for (uint64_t k = l->fwd_n - kept; fwd && k < l->fwd_n; k++)
+            json_array_append_new(fwd, json_pack("[I,I]", (json_int_t)l->fwd[k % FWD_KEEP][0],
+                                                 (json_int_t)l->fwd[k % FWD_KEEP][1]));
         json_array_append_new(
-            stages, json_pack("{s:i,s:s,s:i,s:i,s:i,s:b,s:f,s:f,s:I,s:I,s:f,s:i}", "stage", i,
+            stages, json_pack("{s:i,s:s,s:i,s:i,s:i,s:b,s:f,s:f,s:I,s:I,s:f,s:i,s:o}", "stage", i,
                               "address", addr, "first_layer", l->range.first, "last_layer",
                               l->range.last, "tp", l->tp, "ready", l->state == LINK_READY,
                               "busy_seconds", l->busy_s, "uptime_seconds", l->uptime_s,
                               "forwards", (json_int_t)l->forwards, "tokens",
                               (json_int_t)l->tokens, "busy_fraction", frac, "queue_depth",
-                              (int)l->queue_depth));
+                              (int)l->queue_depth, "forward_intervals", fwd));
         l->prev_busy_s = l->busy_s;
         l->prev_uptime_s = l->uptime_s;
     }
@@ -835,6 +858,10 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
         l->port = o->cfg->stages[i].port;
         l->tp = o->cfg->stages[i].tp;
         l->range = o->ranges[i];
+        if (!(l->fwd = calloc(FWD_KEEP, sizeof *l->fwd))) {
+            st_errf(err, "cluster: out of memory");
+            goto fail;
+        }
     }
     xport_callbacks cb = {x_on_connect, x_on_disconnect, x_on_frame, c};
     c->x = xport_create(base, NULL, 0, &cb, err);
@@ -875,6 +902,7 @@ void cluster_destroy(cluster *c) {
     kv_alloc_free(c->kv);
     free(c->inflight);
     free(c->launched_at);
+    for (int i = 0; c->links && i < c->n_stages; i++) free(c->links[i].fwd);
     free(c->links);
     free(c->piece_buf);
     free(c);

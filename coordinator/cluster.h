@@ -40,10 +40,16 @@
  *    "batch_round_trip_ms":mean launch-to-result time of the batches so far,
  *    "stages":[{"stage":i,"address":"h:p","first_layer":a,"last_layer":b,
  *               "tp":t,"ready":bool,"busy_seconds":s,"uptime_seconds":s,
- *               "forwards":n,"tokens":n,"busy_fraction":f,"queue_depth":n}]}
+ *               "forwards":n,"tokens":n,"busy_fraction":f,"queue_depth":n,
+ *               "forward_intervals":[[start_ns,end_ns],...]}]}
  * busy_seconds / uptime_seconds are the worker's cumulative counters;
  * busy_fraction = delta(busy_seconds) / delta(uptime_seconds) since the
  * previous GET /v1/stages (since the worker started on the first).
+ * forward_intervals: the stage's last 1024 forwards (stage_forward calls),
+ * oldest first, as [start, end) CLOCK_MONOTONIC nanoseconds of the worker's
+ * machine (the same clock for every process on it, so the stages' intervals
+ * can be intersected when they share one); the poll asks each worker for the
+ * intervals that ended after the newest it has (StatsRequest.forward_since_ns).
  *
  * Threading: everything on the loop thread of `base`.
  */

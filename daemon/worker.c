@@ -23,6 +23,8 @@
 #define POOL_MIN_BYTES (64u << 10)
 #define BACKOFF_MIN_S 0.1
 #define BACKOFF_MAX_S 5.0
+#define FWD_RING 4096            /* forward intervals kept per stage (StageStats.forward_ns) */
+#define FWD_REPLY_MAX 1024       /* intervals per StageStats at most */
 
 typedef Strata__V1__ControlMessage ctl_msg;
 typedef Strata__V1__StageAssign ctl_assign;
@@ -90,6 +92,12 @@ struct wstage {
 
     bool shutting_down;     /* released or the worker is stopping */
     wstage *link;           /* the worker's list of live / released stages */
+
+    /* The last FWD_RING successful forwards' [start, end) CLOCK_MONOTONIC ns,
+     * in completion order (disjoint: one compute thread); fwd_n recorded in
+     * all, the next one goes to fwd[fwd_n % FWD_RING]. */
+    uint64_t fwd[FWD_RING][2];
+    uint64_t fwd_n;
 };
 
 #define MAX_STAGES 4        /* stages of different epochs held at once */
@@ -326,8 +334,34 @@ static void batch_error(wstage *w, const struct job *j, const char *msg)
     free(ids);
 }
 
-static void send_stats(wstage *w, xport_peer *peer, uint64_t request_id)
+/* Loop thread: a forward of this stage finished (see wstage.fwd). */
+static void note_forward(wstage *w, const cjob *cj)
 {
+    uint64_t *slot = w->fwd[w->fwd_n % FWD_RING];
+    slot[0] = cj->start_ns;
+    slot[1] = cj->end_ns;
+    w->fwd_n++;
+}
+
+/* Fills out[] (2 * FWD_REPLY_MAX entries) with the kept intervals ending
+ * after since_ns, oldest first, at most FWD_REPLY_MAX; returns the count of
+ * uint64s written. */
+static size_t forward_intervals(const wstage *w, uint64_t since_ns, uint64_t *out)
+{
+    uint64_t kept = w->fwd_n < FWD_RING ? w->fwd_n : FWD_RING;
+    uint64_t i = w->fwd_n - kept;
+    while (i < w->fwd_n && w->fwd[i % FWD_RING][1] <= since_ns) i++;
+    size_t n = 0;
+    for (; i < w->fwd_n && n < 2 * FWD_REPLY_MAX; i++) {
+        out[n++] = w->fwd[i % FWD_RING][0];
+        out[n++] = w->fwd[i % FWD_RING][1];
+    }
+    return n;
+}
+
+static void send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsRequest *req)
+{
+    uint64_t request_id = req->request_id;
     compute_stats cs;
     compute_get_stats(w->cq, &cs);
     xport_stats xs;
@@ -363,10 +397,21 @@ static void send_stats(wstage *w, xport_peer *peer, uint64_t request_id)
     }
     s.ranks = rp;
     s.n_ranks = (size_t)cs.n_ranks;
+    uint64_t *fwd = NULL;
+    if (req->forward_intervals) {
+        fwd = malloc(2 * FWD_REPLY_MAX * sizeof *fwd);
+        if (fwd) {
+            s.forward_ns = fwd;
+            s.n_forward_ns = forward_intervals(w, req->forward_since_ns, fwd);
+        } else {
+            ST_WARN("worker: out of memory for the forward intervals; StageStats without them");
+        }
+    }
     ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
     m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_STATS;
     m.stats = &s;
     send_control(w, peer, &m, w->cur.epoch, 0);
+    free(fwd);
 }
 
 /* A frame we do not accept: log, drop, disconnect its sender. */
@@ -745,7 +790,7 @@ static void handle_control(worker *w, xport_peer *peer, const frame_header *h)
     case STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST: {
         wstage *st = stage_for_peer(w, peer);
         if (!st) st = stage_new(w, &(st_err){{0}});
-        if (st) send_stats(st, peer, m->stats_request->request_id);
+        if (st) send_stats(st, peer, m->stats_request);
         break;
     }
     default: {
@@ -1037,10 +1082,12 @@ static void on_compute(evutil_socket_t fd, short what, void *arg)
     while (list) {
         cjob *cj = list;
         list = cj->next;
-        if (cj->kind == CJOB_OPEN)
+        if (cj->kind == CJOB_OPEN) {
             open_done(w, cj->user);
-        else
+        } else {
+            if (cj->status == 0) note_forward(w, cj);
             forward_done(w, cj->user);
+        }
     }
 }
 

@@ -6,7 +6,9 @@
  * change loads the new one beside the old: StageAssign.keep_loaded, then
  * StageRelease drops the old); frames are routed to a stage by their epoch.
  * CONTROL frames (proto/stage.proto, `strata.v1.Control`) assign the stage
- * (StageAssign -> StageReady) and query counters (StatsRequest -> StageStats).
+ * (StageAssign -> StageReady) and query counters (StatsRequest -> StageStats;
+ * with StatsRequest.forward_intervals also the [start, end) CLOCK_MONOTONIC
+ * times of the stage's last forwards, kept in a ring of 4096 per stage).
  * ACTIVATIONS frames are checked on the loop thread (epoch, stage, shape,
  * dtype, block ids, token ids), copied into a job and run on the compute
  * thread (daemon/compute_thread.h); the result goes on from the loop: to the
