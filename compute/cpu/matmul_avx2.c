@@ -45,6 +45,12 @@ AI float sc_bf16(const uint8_t *r, int64_t k) {
     return st_bf16_to_f32(h);
 }
 
+/* Software prefetch distance (see matmul_avx512.c). */
+#define PF_DIST 2048
+typedef float f32_elem;
+typedef uint16_t f16_elem;
+typedef uint16_t bf16_elem;
+
 /* Dense types: one row × NT token rows, two accumulators per token. */
 #define DEF_DENSE(TY)                                                                          \
     AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) { \
@@ -52,6 +58,7 @@ AI float sc_bf16(const uint8_t *r, int64_t k) {
         for (int t = 0; t < NT; t++) a0[t] = a1[t] = _mm256_setzero_ps();                     \
         int64_t k = 0;                                                                         \
         for (; k + 16 <= K; k += 16) {                                                         \
+            _mm_prefetch((const char *)wr + k * (int64_t)sizeof(TY##_elem) + PF_DIST, _MM_HINT_T0); \
             __m256 w0 = load_##TY(wr, k), w1 = load_##TY(wr, k + 8);                           \
             for (int t = 0; t < NT; t++) {                                                     \
                 a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * K + k), a0[t]);            \
