@@ -16,8 +16,8 @@
 # On bench-1b F16 (generated with `strata-gguf synth --preset bench-1b` into
 # the build dir when missing; --model or $BENCH_MODEL to use another file):
 #  1. decode tok/s, batch 1: strata-bench in one process with 2 threads, vs a
-#     PP 2 cluster (coordinator + two strata-worker processes, TP 1, 1 thread
-#     each: the same 2 cores) serving one streaming completion over HTTP
+#     PP 2 cluster (coordinator + two strata-worker processes, TP 1,
+#     $WORKER_THREADS threads each, default 2: the same 2 cores) serving one streaming completion over HTTP
 #     (tokens after the first / time from the first to the last token);
 #  2. throughput with 8 sequences: strata-bench --batch 8 vs 8 concurrent
 #     completions on the cluster (aggregate decode tok/s);
@@ -160,7 +160,11 @@ print("single process, batch %s: decode %.2f tok/s" % (sys.argv[2], g("decode_to
 ' "$tmp/sp$b.json" "$b" || cat "$tmp/sp$b.json"
 done
 
-echo "## PP 2 cluster (2 workers x 1 thread, TP 1)"
+# Each bench-1b worker gets both cores by default: with one sequence only one
+# stage computes at a time, so a worker limited to 1 thread would stream its
+# weights at one core's bandwidth. WORKER_THREADS=1 shows that case.
+wthreads=${WORKER_THREADS:-2}
+echo "## PP 2 cluster (2 workers x $wthreads threads, TP 1)"
 p0=$(free_port); p1=$(free_port); http=$(free_port)
 cat > "$tmp/cluster.ini" <<EOF
 [cluster]
@@ -172,8 +176,8 @@ address = 127.0.0.1:$p0
 [stage.1]
 address = 127.0.0.1:$p1
 EOF
-"$build/daemon/strata-worker" --listen "127.0.0.1:$p0" --threads 1 >"$tmp/w0.log" 2>&1 & pids+=($!)
-"$build/daemon/strata-worker" --listen "127.0.0.1:$p1" --threads 1 >"$tmp/w1.log" 2>&1 & pids+=($!)
+"$build/daemon/strata-worker" --listen "127.0.0.1:$p0" --threads "$wthreads" >"$tmp/w0.log" 2>&1 & pids+=($!)
+"$build/daemon/strata-worker" --listen "127.0.0.1:$p1" --threads "$wthreads" >"$tmp/w1.log" 2>&1 & pids+=($!)
 "$build/coordinator/strata-coordinator" --config "$tmp/cluster.ini" --ready-timeout 600 \
     >"$tmp/c.out" 2>"$tmp/c.log" & pids+=($!)
 for _ in $(seq 6000); do
