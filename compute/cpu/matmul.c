@@ -24,10 +24,12 @@
 #include "common/log.h"
 #include "compute/cpu/simd.h"
 
-/* Measured on a 2-core AVX-512 VM (strata-bench-matmul, F16): the matvec is
- * faster up to T=7 (token rows share each pass over a weight row),
- * the GEMM (fixed cost of a 16-token tile) from T=8 on. */
-#define CPU_MATVEC_MAX_T 8
+/* Measured on a 2-core AVX-512 VM (strata-bench-matmul --model-gb 2.2, F16,
+ * 2 threads, with the matvec's software prefetch): matvec vs GEMM GFLOP/s
+ * 71 vs 42 at T=8, 72 vs 66 at T=12, 68 vs 77 at T=16. So T < 14 streams the
+ * weights through the matvec (token rows share each pass over a weight row),
+ * larger T goes to the GEMM (fixed cost of a 16-token tile). */
+#define CPU_MATVEC_MAX_T 14
 #define BLAS_TILE_ROWS 64
 
 /* Process-wide dispatch state (a cached CPU probe, not model state). */
