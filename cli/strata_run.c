@@ -73,8 +73,10 @@ static int parse_int(const char *flag, const char *s, int lo, int hi, int *out) 
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return bad_flag("%s: expected an integer in range, got '%s'", flag, s);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "strata-run: %s: expected an integer in [%d, %d], got '%s'\n", flag, lo, hi, s);
+        return -1;
+    }
     *out = (int)v;
     return 0;
 }
@@ -163,6 +165,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     if (optind < argc) return bad_flag("unexpected argument '%s'%s", argv[optind], "");
     if (!o->model) return bad_flag("--model FILE is required%s%s", "", "");
     if (!o->prompt) return bad_flag("--prompt TEXT is required%s%s", "", "");
+    if (o->top_logprobs > 0 && !o->json)
+        return bad_flag("--top-logprobs is reported in the JSON output: add --json%s%s", "", "");
     if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
     o->sp.n_top_logprobs = o->top_logprobs;
     st_err err;

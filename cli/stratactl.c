@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <protobuf-c/protobuf-c.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,7 +77,15 @@ static json_t *field_value(const ProtobufCFieldDescriptor *f, const void *p) {
     case PROTOBUF_C_TYPE_SINT64:
     case PROTOBUF_C_TYPE_SFIXED64: return json_integer((json_int_t) * (const int64_t *)p);
     case PROTOBUF_C_TYPE_UINT64:
-    case PROTOBUF_C_TYPE_FIXED64: return json_integer((json_int_t) * (const uint64_t *)p);
+    case PROTOBUF_C_TYPE_FIXED64: {
+        /* JSON integers are signed 64-bit here; larger values (lease ids are
+         * random 64-bit) go out as a decimal string, as proto3's JSON mapping does. */
+        uint64_t v = *(const uint64_t *)p;
+        if (v <= (uint64_t)INT64_MAX) return json_integer((json_int_t)v);
+        char buf[24];
+        snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+        return json_string(buf);
+    }
     case PROTOBUF_C_TYPE_FLOAT: return json_real(*(const float *)p);
     case PROTOBUF_C_TYPE_DOUBLE: return json_real(*(const double *)p);
     case PROTOBUF_C_TYPE_BOOL: return json_boolean(*(const protobuf_c_boolean *)p);
