@@ -26,7 +26,8 @@ static void usage(FILE *o) {
             "                   [--n-embd N] [--n-layer N] [--n-head N] [--n-head-kv N] "
             "[--n-ff N]\n"
             "                   [--n-vocab N] [--ctx N] [--dtype f32|f16|bf16|q8_0] [--seed S]\n"
-            "                   [--vocab-from GGUF|none] [--name NAME]\n");
+            "                   [--vocab-from GGUF|none] [--name NAME]\n"
+            "exit status: 0 ok, 1 bad or unreadable file, 2 bad command line\n");
 }
 
 static void put_str(const char *s, uint64_t n) {
@@ -197,7 +198,7 @@ static int cmd_synth(int argc, char **argv) {
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "strata-gguf: synth: %s needs a value (or is unknown)\n", a);
-            return 1;
+            return 2;
         }
         const char *val = argv[++i];
         struct {
@@ -209,7 +210,7 @@ static int cmd_synth(int argc, char **argv) {
         int done = 0;
         for (size_t k = 0; k < sizeof nums / sizeof nums[0]; k++)
             if (strcmp(a, nums[k].opt) == 0) {
-                if (parse_i64(a, val, nums[k].dst)) return 1;
+                if (parse_i64(a, val, nums[k].dst)) return 2;
                 done = 1;
             }
         if (done) continue;
@@ -220,12 +221,12 @@ static int cmd_synth(int argc, char **argv) {
         else if (strcmp(a, "--name") == 0) name = val;
         else {
             fprintf(stderr, "strata-gguf: synth: unknown option %s\n", a);
-            return 1;
+            return 2;
         }
     }
     if (!out) {
         fprintf(stderr, "strata-gguf: synth: --out FILE is required\n");
-        return 1;
+        return 2;
     }
     st_err err;
     if (preset && synth_preset(preset, &p, &err)) {
@@ -249,7 +250,7 @@ static int cmd_synth(int argc, char **argv) {
         else {
             fprintf(stderr, "strata-gguf: synth: --dtype %s: expected f32, f16, bf16 or q8_0\n",
                     dtype);
-            return 1;
+            return 2;
         }
     }
     char vbuf[4096];
@@ -295,12 +296,12 @@ static int cmd_synth(int argc, char **argv) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
-        return 1;
+        return 2;
     }
     if (strcmp(argv[1], "inspect") == 0) {
         if (argc != 3) {
             fprintf(stderr, "strata-gguf: inspect takes exactly one FILE\n");
-            return 1;
+            return 2;
         }
         return cmd_inspect(argv[2]);
     }
@@ -310,5 +311,5 @@ int main(int argc, char **argv) {
         return 0;
     }
     fprintf(stderr, "strata-gguf: unknown command '%s' (inspect, synth)\n", argv[1]);
-    return 1;
+    return 2;
 }
