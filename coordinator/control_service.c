@@ -699,7 +699,7 @@ static void fill_placement(pl_msg *m, const placement *pl) {
 }
 
 /* current, and pending = the loading placement or `dry` (a dry run). */
-static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry) {
+static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry, bool unchanged) {
     pl_msg *two = calloc(2, sizeof *two);
     if (!two) {
         rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -712,6 +712,7 @@ static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry) {
     none.n_layers = s->pm.n_layers;
     fill_placement(cur, s->cur ? &s->cur->pl : &none);
     out.current = &cur->p;
+    out.unchanged = unchanged;
     const placement *pp = dry ? dry : s->pend ? &s->pend->pl : NULL;
     if (pp) {
         fill_placement(pend, pp);
@@ -732,7 +733,38 @@ static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry) {
     free(two);
 }
 
-static void h_get_placement(rpc_call *c, const rpc_request *req, void *ud) { reply_placement(ud, c, NULL); }
+static void h_get_placement(rpc_call *c, const rpc_request *req, void *ud) { reply_placement(ud, c, NULL, false); }
+
+/* pl has the current placement's stages (node, layers, TP), and no change is
+ * in progress: then a change would only reload the same stages. */
+static bool same_as_current(const ctl_service *s, const placement *pl) {
+    if (!s->cur || s->pend || s->from) return false;
+    const placement *c = &s->cur->pl;
+    if (c->n_stages != pl->n_stages || c->n_layers != pl->n_layers) return false;
+    for (int i = 0; i < pl->n_stages; i++)
+        if (strcmp(c->st[i].node, pl->st[i].node) || c->st[i].first != pl->st[i].first ||
+            c->st[i].last != pl->st[i].last || c->st[i].tp != pl->st[i].tp)
+            return false;
+    return true;
+}
+
+/* The placement asked for is the current one: answer it, unchanged. */
+static void reply_unchanged(ctl_service *s, rpc_call *c, const char *what) {
+    ST_INFO("control: %s: the placement is unchanged (epoch %" PRIu64 "); nothing to reload", what,
+            s->cur->pl.epoch);
+    reply_placement(s, c, NULL, true);
+}
+
+/* Why a registered node is not usable: "is draining", "is dead"... Names
+ * the state; "is not registered" for nodes known from the state file only. */
+static const char *unusable_why(const reg_node *n) {
+    switch (n->state) {
+    case REG_DRAINING: return "is draining (stratactl undrain brings it back)";
+    case REG_SUSPECT: return "is suspect (missing heartbeats)";
+    case REG_DEAD: return "is dead (no heartbeat; its lease was revoked)";
+    default: return "is not registered (known from the state file only)";
+    }
+}
 
 static void h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_service *s = ud;
@@ -752,18 +784,31 @@ static void h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
         st[i].first = r->stages[i]->first_layer > 100000 ? 100000 : (int)r->stages[i]->first_layer;
         st[i].last = r->stages[i]->last_layer > 100000 ? 100000 : (int)r->stages[i]->last_layer;
         st[i].tp = r->stages[i]->tp > 64 ? 64 : (int)r->stages[i]->tp;
+        const reg_node *rn = registry_find(&s->reg, st[i].node);
+        if (rn && !registry_usable(rn)) {
+            rpc_call_finishf(c, RPC_FAILED_PRECONDITION, "SetPlacement: node \"%s\" (stage %zu) %s", rn->name, i,
+                             unusable_why(rn));
+            return;
+        }
     }
     place_node nodes[PLACE_NODE_MAX];
     int n = usable_nodes(s, nodes, NULL);
     placement pl;
     int code = RPC_INVALID_ARGUMENT;
     st_err err = {{0}};
-    if (place_check_explicit(&s->pm, nodes, n, st, (int)r->n_stages, &pl, &code, &err) != 0 ||
-        change_placement(s, &pl, &code, &err) != 0) {
+    if (place_check_explicit(&s->pm, nodes, n, st, (int)r->n_stages, &pl, &code, &err) != 0) {
         rpc_call_finishf(c, code, "SetPlacement: %s", err.msg);
         return;
     }
-    reply_placement(s, c, NULL);
+    if (same_as_current(s, &pl)) {
+        reply_unchanged(s, c, "SetPlacement");
+        return;
+    }
+    if (change_placement(s, &pl, &code, &err) != 0) {
+        rpc_call_finishf(c, code, "SetPlacement: %s", err.msg);
+        return;
+    }
+    reply_placement(s, c, NULL, false);
 }
 
 static void h_auto_placement(rpc_call *c, const rpc_request *req, void *ud) {
@@ -778,16 +823,20 @@ static void h_auto_placement(rpc_call *c, const rpc_request *req, void *ud) {
         rpc_call_finishf(c, code, "AutoPlacement: %s", err.msg);
         return;
     }
+    if (same_as_current(s, &pl)) { /* a dry run too: no pending change to show */
+        reply_unchanged(s, c, r->dry_run ? "AutoPlacement (dry run)" : "AutoPlacement");
+        return;
+    }
     if (r->dry_run) {
         pl.epoch = s->last_epoch + 1;
-        reply_placement(s, c, &pl);
+        reply_placement(s, c, &pl, false);
         return;
     }
     if (change_placement(s, &pl, &code, &err) != 0) {
         rpc_call_finishf(c, code, "AutoPlacement: %s", err.msg);
         return;
     }
-    reply_placement(s, c, NULL);
+    reply_placement(s, c, NULL, false);
 }
 
 static bool in_placement(const run *r, const char *node) {
@@ -795,6 +844,30 @@ static bool in_placement(const run *r, const char *node) {
     for (int i = 0; i < r->pl.n_stages; i++)
         if (!strcmp(r->pl.st[i].node, node)) return true;
     return false;
+}
+
+/* The other nodes' states, grouped: "node-b, node-c are draining; node-d is
+ * dead" (or "no other node is registered"), into buf. */
+static const char *others_why(const ctl_service *s, const char *except, char *buf, size_t cap) {
+    static const int order[] = {REG_DRAINING, REG_SUSPECT, REG_DEAD, 0};
+    size_t off = 0;
+    buf[0] = 0;
+    for (size_t k = 0; k < sizeof order / sizeof *order; k++) {
+        int cnt = 0;
+        size_t start = off;
+        for (int i = 0; i < s->reg.n && off < cap; i++) {
+            const reg_node *o = &s->reg.nodes[i];
+            if (o->state != order[k] || !strcmp(o->name, except)) continue;
+            off += (size_t)snprintf(buf + off, cap - off, "%s%s", cnt ? ", " : start ? "; " : "", o->name);
+            cnt++;
+        }
+        if (cnt && off < cap)
+            off += (size_t)snprintf(buf + off, cap - off, " %s %s", cnt > 1 ? "are" : "is",
+                                    order[k] ? registry_state_name(order[k]) : "not registered");
+    }
+    if (off >= cap) off = cap - 1;
+    if (!off) snprintf(buf, cap, "no other node is registered");
+    return buf;
 }
 
 static void h_drain(rpc_call *c, const rpc_request *req, void *ud) {
@@ -816,6 +889,12 @@ static void h_drain(rpc_call *c, const rpc_request *req, void *ud) {
         placement pl;
         int code = RPC_INTERNAL;
         st_err err = {{0}};
+        if (k == 0) {
+            rpc_call_finishf(c, RPC_FAILED_PRECONDITION,
+                             "Drain: cannot move %s's stages away: no other usable node would be left (%s)",
+                             n->name, others_why(s, n->name, err.msg, sizeof err.msg));
+            return;
+        }
         if (place_auto(&s->pm, nodes, k, &pl, &code, &err) != 0 || change_placement(s, &pl, &code, &err) != 0) {
             rpc_call_finishf(c, code, "Drain: cannot move %s's stages away: %s", n->name, err.msg);
             return;
@@ -829,6 +908,27 @@ static void h_drain(rpc_call *c, const rpc_request *req, void *ud) {
     out.state = (Strata__V1__NodeState)n->state;
     out.placement_epoch = epoch;
     reply(c, &out.base);
+}
+
+static void h_undrain(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    const Strata__V1__DrainRequest *r = (const void *)req->msg;
+    st_err err = {{0}};
+    if (registry_undrain(&s->reg, r->node, &err) != 0) {
+        reg_node *n = registry_find(&s->reg, r->node);
+        rpc_call_finishf(c, n && n->state ? RPC_FAILED_PRECONDITION : RPC_NOT_FOUND, "Undrain: %s", err.msg);
+        return;
+    }
+    reg_node *n = registry_find(&s->reg, r->node);
+    uint64_t epoch = s->cur ? s->cur->pl.epoch : 0;
+    ST_INFO("control: undrained %s: ready for the next placement change (placement epoch %" PRIu64
+            " unchanged)", n->name, epoch);
+    Strata__V1__DrainReply out = STRATA__V1__DRAIN_REPLY__INIT;
+    out.node = n->name;
+    out.state = (Strata__V1__NodeState)n->state;
+    out.placement_epoch = epoch;
+    reply(c, &out.base);
+    event_active(s->tick_ev, 0, 0); /* with no placement yet, the tick may place now */
 }
 
 /* ---------------------------------------------------------------- Generate */
@@ -1024,6 +1124,7 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
         {SVC "SetPlacement", RPC_KIND_UNARY, h_set_placement, s, &strata__v1__set_placement_request__descriptor},
         {SVC "AutoPlacement", RPC_KIND_UNARY, h_auto_placement, s, &strata__v1__auto_placement_request__descriptor},
         {SVC "Drain", RPC_KIND_UNARY, h_drain, s, &strata__v1__drain_request__descriptor},
+        {SVC "Undrain", RPC_KIND_UNARY, h_undrain, s, &strata__v1__drain_request__descriptor},
         {SVC "Generate", RPC_KIND_SERVER_STREAM, h_generate, s, &strata__v1__generate_request__descriptor},
     };
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)

@@ -138,6 +138,16 @@ int registry_tick(registry *r, double now) {
     return changed;
 }
 
+int registry_undrain(registry *r, const char *name, st_err *err) {
+    reg_node *n = registry_find(r, name);
+    if (!n || !n->state) return st_errf(err, "unknown node \"%s\"", name);
+    if (n->state != REG_DRAINING)
+        return st_errf(err, "%s is %s, not draining", n->name, registry_state_name(n->state));
+    n->state = REG_READY;
+    ST_INFO("registry: %s undrained (ready)", n->name);
+    return 0;
+}
+
 bool registry_usable(const reg_node *n) {
     return n->state == REG_REGISTERED || n->state == REG_READY;
 }

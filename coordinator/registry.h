@@ -9,7 +9,8 @@
  *               next heartbeat is answered `reregister` and the node rejoins
  *               by registering again
  *   DRAINING    the operator drained it (stratactl drain): no new work; a
- *               drained node stays DRAINING until it registers again
+ *               drained node stays DRAINING until it registers again or is
+ *               undrained (stratactl undrain: back to READY)
  *
  * Time is passed in (monotonic seconds) so that tests can drive it. State
  * changes happen in registry_tick (call it often: every heartbeat interval / 4)
@@ -101,6 +102,11 @@ int registry_tick(registry *r, double now);
 
 /* Whole missed heartbeat intervals since the node was last seen. */
 uint32_t registry_missed(const registry *r, const reg_node *n, double now);
+
+/* Undrain: a DRAINING node goes back to READY (the timeouts apply to it as
+ * to any ready node). -1 + err otherwise: unknown node ("unknown node"), or
+ * not draining ("node-a is ready, not draining"). */
+int registry_undrain(registry *r, const char *name, st_err *err);
 
 /* Usable for placement: registered or ready, and not draining. */
 bool registry_usable(const reg_node *n);

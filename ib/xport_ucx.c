@@ -550,7 +550,13 @@ static bool drain(xport *x)
     /* closes */
     for (xport_peer *p = x->peers; p; p = p->next)
         if (p->fail && p->state == PEER_OPEN) {
-            ST_INFO("xport: disconnecting %s: %s", p->name, p->reason);
+            /* An outbound endpoint that never carried a frame is a connect
+             * attempt that failed (a peer not up yet, retried by the caller):
+             * debug level, so waiting for workers does not flood the log. */
+            if (p->inbound || p->tx_seq > 0 || p->rx_next > 0)
+                ST_INFO("xport: disconnecting %s: %s", p->name, p->reason);
+            else
+                ST_DEBUG("xport: disconnecting %s: %s", p->name, p->reason);
             peer_start_close(x, p);
             did = true;
         }
