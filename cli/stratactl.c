@@ -4,7 +4,8 @@
  *
  *   stratactl [--addr HOST:PORT] [--json] [--timeout S] COMMAND
  *     status | nodes | placement show | placement set --stages a:0-2,b:3-4
- *     placement auto [--dry-run] | drain NODE | generate PROMPT [--max-tokens N]
+ *     placement auto [--dry-run] | drain NODE | undrain NODE
+ *     generate PROMPT [--max-tokens N]
  *
  * Exit codes (docs/control-api.md): 0 ok; 1 the server answered an error
  * status (printed as "CODE: message"); 2 usage error; 3 the server is
@@ -37,6 +38,7 @@ static const char usage_text[] =
     "  placement set --stages N:A-B[,N:A-B]  explicit stages, layers inclusive\n"
     "  placement auto [--dry-run]            automatic placement\n"
     "  drain NODE                            no new work on NODE; its stages move away\n"
+    "  undrain NODE                          a drained NODE is ready again (for the next placement change)\n"
     "  generate PROMPT [--max-tokens N]      stream generated text\n"
     "options:\n"
     "  --addr HOST:PORT   coordinator control address (default $STRATACTL_ADDR or " DEFAULT_ADDR ")\n"
@@ -222,6 +224,8 @@ static void print_placement_table(const char *title, const Strata__V1__Placement
 static void print_placement(const Strata__V1__PlacementReply *r) {
     if (r->current) print_placement_table("current", r->current);
     else printf("current: none\n");
+    if (r->unchanged)
+        printf("unchanged: the current placement already is the one asked for (no new epoch, nothing reloaded)\n");
     if (r->pending) {
         print_placement_table("pending", r->pending);
         for (size_t i = 0; i < r->n_loading; i++) {
@@ -429,11 +433,12 @@ static int cmd_placement(rpc_client *c, const opts *o) {
     return usage_error("unknown placement command \"%s\" (show, set, auto)", sub);
 }
 
-static int cmd_drain(rpc_client *c, const opts *o) {
+/* drain and undrain (method "Drain" / "Undrain"). */
+static int cmd_drain(rpc_client *c, const opts *o, const char *method) {
     Strata__V1__DrainRequest req = STRATA__V1__DRAIN_REQUEST__INIT;
     req.node = (char *)o->words[1];
     Strata__V1__DrainReply *r = NULL;
-    int rc = unary(c, o, "Drain", &req.base, &strata__v1__drain_reply__descriptor,
+    int rc = unary(c, o, method, &req.base, &strata__v1__drain_reply__descriptor,
                    (ProtobufCMessage **)&r);
     if (rc) return rc;
     if (o->json) print_json(&r->base);
@@ -538,7 +543,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     const char *cmd = o->words[0];
     int want_min = 1, want_max = 1;
     if (!strcmp(cmd, "placement")) want_max = 2;
-    else if (!strcmp(cmd, "drain") || !strcmp(cmd, "generate")) want_min = want_max = 2;
+    else if (!strcmp(cmd, "drain") || !strcmp(cmd, "undrain") || !strcmp(cmd, "generate"))
+        want_min = want_max = 2;
     else if (strcmp(cmd, "status") && strcmp(cmd, "nodes"))
         return usage_error("unknown command \"%s\"", cmd);
     if (o->n_words < want_min)
@@ -569,7 +575,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "status")) rc = cmd_status(c, &o);
     else if (!strcmp(cmd, "nodes")) rc = cmd_nodes(c, &o);
     else if (!strcmp(cmd, "placement")) rc = cmd_placement(c, &o);
-    else if (!strcmp(cmd, "drain")) rc = cmd_drain(c, &o);
+    else if (!strcmp(cmd, "drain")) rc = cmd_drain(c, &o, "Drain");
+    else if (!strcmp(cmd, "undrain")) rc = cmd_drain(c, &o, "Undrain");
     else rc = cmd_generate(c, &o);
     rpc_client_destroy(c);
     return rc;

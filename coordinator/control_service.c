@@ -209,6 +209,7 @@ static void retire(ctl_service *s, run *r, double after_s) {
 
 static void run_on_ready(void *ud);
 static void run_on_fatal(void *ud, const char *msg);
+static bool in_placement(const run *r, const char *node);
 
 /* Starts loading placement pl (its epoch set) as a new cluster. */
 static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
@@ -500,14 +501,20 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
         coord_engine e = cluster_engine(s->cur->cl);
         if (e.ops->stats) e.ops->stats(e.impl, out);
     }
-    /* Workers: the registry's view (state names of registry.h). */
+    /* Workers: the registry's view (state names of registry.h), "serving"
+     * for a ready node that holds a stage of the serving placement. */
+    static const char *const live_states[] = {"registered", "ready", "serving", "suspect", "dead", "draining", NULL};
+    out->worker_states = live_states;
+    bool serving = s->cur && cluster_is_ready(s->cur->cl);
     double t = now_s();
     out->n_workers = 0;
     for (int i = 0; i < s->reg.n && out->n_workers < COORD_STATS_MAX_STAGES; i++) {
         const reg_node *n = &s->reg.nodes[i];
         coord_worker_stats *w = &out->workers[out->n_workers++];
         snprintf(w->name, sizeof w->name, "%s", n->name);
-        w->state = registry_state_name(n->state);
+        w->state = n->state == REG_READY && serving && in_placement(s->cur, n->name) ? "serving"
+                   : n->state ? registry_state_name(n->state)
+                              : NULL; /* known from the state file only: no state is 1 */
         w->heartbeat_age_s = n->state ? t - n->last_seen : -1.0;
     }
 }
@@ -846,17 +853,25 @@ static bool in_placement(const run *r, const char *node) {
     return false;
 }
 
-/* The other nodes' states, grouped: "node-b, node-c are draining; node-d is
- * dead" (or "no other node is registered"), into buf. */
+static int cmp_reg_name(const void *a, const void *b) {
+    return strcmp((*(const reg_node *const *)a)->name, (*(const reg_node *const *)b)->name);
+}
+
+/* The other nodes' states, grouped, names sorted: "node-b, node-c are
+ * draining; node-d is dead" (or "no other node is registered"), into buf. */
 static const char *others_why(const ctl_service *s, const char *except, char *buf, size_t cap) {
     static const int order[] = {REG_DRAINING, REG_SUSPECT, REG_DEAD, 0};
+    const reg_node *by_name[PLACE_NODE_MAX];
+    int nn = 0;
+    for (int i = 0; i < s->reg.n && nn < PLACE_NODE_MAX; i++) by_name[nn++] = &s->reg.nodes[i];
+    qsort(by_name, (size_t)nn, sizeof *by_name, cmp_reg_name);
     size_t off = 0;
     buf[0] = 0;
     for (size_t k = 0; k < sizeof order / sizeof *order; k++) {
         int cnt = 0;
         size_t start = off;
-        for (int i = 0; i < s->reg.n && off < cap; i++) {
-            const reg_node *o = &s->reg.nodes[i];
+        for (int i = 0; i < nn && off < cap; i++) {
+            const reg_node *o = by_name[i];
             if (o->state != order[k] || !strcmp(o->name, except)) continue;
             off += (size_t)snprintf(buf + off, cap - off, "%s%s", cnt ? ", " : start ? "; " : "", o->name);
             cnt++;

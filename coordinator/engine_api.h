@@ -57,7 +57,7 @@ typedef struct coord_stage_stats {
 
 typedef struct coord_worker_stats {
     char name[COORD_NAME_LEN];
-    const char *state;       /* "joining", "ready", "serving", "draining", "lost" */
+    const char *state;       /* one of the engine's worker_states (below) */
     double heartbeat_age_s;  /* seconds since it last reported; < 0 = never */
 } coord_worker_stats;
 
@@ -69,6 +69,11 @@ typedef struct coord_engine_stats {
     coord_stage_stats stages[COORD_STATS_MAX_STAGES];
     int n_workers;           /* <= COORD_STATS_MAX_STAGES */
     coord_worker_stats workers[COORD_STATS_MAX_STAGES];
+    /* The state set of the workers (NULL-terminated; one strata_worker_state
+     * series per member). NULL: the static cluster's "joining", "ready",
+     * "serving", "lost". The live control plane's: "registered", "ready",
+     * "serving", "suspect", "dead", "draining". */
+    const char *const *worker_states;
 } coord_engine_stats;
 
 typedef struct coord_engine_ops {

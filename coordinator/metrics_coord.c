@@ -20,7 +20,7 @@ struct coord_metrics {
     double last_bytes[COORD_STATS_MAX_STAGES], last_frames[COORD_STATS_MAX_STAGES];
 };
 
-static const char *const worker_states[] = {"joining", "ready", "serving", "draining", "lost"};
+static const char *const static_worker_states[] = {"joining", "ready", "serving", "lost", NULL};
 
 static void collect(metrics_registry *r, void *ud) {
     (void)r;
@@ -58,10 +58,11 @@ static void collect(metrics_registry *r, void *ud) {
     metrics_family_reset(m->wage);
     for (int i = 0; i < st->n_workers && i < COORD_STATS_MAX_STAGES; i++) {
         const coord_worker_stats *w = &st->workers[i];
-        for (size_t k = 0; k < sizeof worker_states / sizeof *worker_states; k++) {
-            const char *v[] = {w->name, worker_states[k]};
+        const char *const *set = st->worker_states ? st->worker_states : static_worker_states;
+        for (size_t k = 0; set[k]; k++) {
+            const char *v[] = {w->name, set[k]};
             metrics_gauge_set(metrics_with(m->wstate, v, NULL),
-                              w->state && strcmp(w->state, worker_states[k]) == 0 ? 1 : 0);
+                              w->state && strcmp(w->state, set[k]) == 0 ? 1 : 0);
         }
         if (w->heartbeat_age_s >= 0) {
             const char *v[] = {w->name};

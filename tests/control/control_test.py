@@ -343,6 +343,35 @@ def mode_move(cl, args):
     check(rc == 0 and cur.epoch == e0 + 3 and covers(cur, 5) and len(cur.stages) == 3,
           "placement auto again: %s" % stage_str(cur))
     exact(cl, rs[:4], 32, "after placement auto")
+    # the same placement again: no new epoch, nothing reloaded
+    rc, out, err = cl.ctl("placement", "auto")
+    now = cl.placement()
+    check(rc == 0 and "unchanged" in out and now.current.epoch == e0 + 3 and not now.HasField("pending")
+          and stage_str(now.current) == stage_str(cur),
+          "placement auto with nothing to change: exit 0, %r, epoch %d" % (out.splitlines()[-1:], now.current.epoch))
+    same = [pb.Stage(node=s.node, first_layer=s.first_layer, last_layer=s.last_layer) for s in cur.stages]
+    r = cl.stub.SetPlacement(pb.SetPlacementRequest(stages=same), timeout=5)
+    check(r.unchanged and r.current.epoch == e0 + 3 and not r.HasField("pending"),
+          "SetPlacement with the current stages: unchanged, epoch %d" % r.current.epoch)
+    with open(os.path.join(cl.tmp, "coordinator1.log"), errors="replace") as f:
+        loads = [l for l in f if "loading placement epoch" in l]
+    check(loads and "epoch %d:" % (e0 + 3) in loads[-1] and not any("epoch %d:" % (e0 + 4) in l for l in loads),
+          "no placement loaded for the unchanged requests (last: %r)" % loads[-1:])
+    # /metrics: the registry's states, serving = holds a stage of the serving placement
+    m = metrics(cl)
+    for w in ("w-a", "w-b", "w-c"):
+        check('strata_worker_state{worker="%s",state="serving"} 1' % w in m and
+              'strata_worker_state{worker="%s",state="ready"} 0' % w in m and
+              'strata_worker_state{worker="%s",state="dead"} 0' % w in m,
+              "/metrics: %s serving" % w)
+
+
+def metrics(cl):
+    c = http.client.HTTPConnection("127.0.0.1", cl.http_port, timeout=10)
+    c.request("GET", "/metrics")
+    body = c.getresponse().read().decode()
+    c.close()
+    return body
 
 
 def mode_drain(cl, args):
@@ -383,6 +412,38 @@ def mode_drain(cl, args):
     check(moved and " 0 running sequence" not in moved[-1],
           "running sequences moved to the new placement (re-prefill), none dropped")
     exact(cl, rs[:4], 32, "after the drain")
+    e1 = cl.placement().current.epoch
+    rc, o, err = cl.ctl("placement", "set", "--stages", "w-b:0-4")
+    check(rc == 1 and 'node "w-b" (stage 0) is draining' in err and "FAILED_PRECONDITION" in err,
+          "placement set on a draining node names the state: %r" % err.strip())
+    m = metrics(cl)
+    check('strata_worker_state{worker="w-b",state="draining"} 1' in m and
+          'strata_worker_state{worker="w-b",state="serving"} 0' in m and
+          'strata_worker_state{worker="w-a",state="serving"} 1' in m,
+          "/metrics: w-b draining, w-a serving")
+    # drain w-c too: everything moves to w-a; then w-a has nowhere to go
+    rc, o, err = cl.ctl("drain", "w-c")
+    check(rc == 0 and wait_for(lambda: not cl.placement().HasField("pending"), 60) and
+          stage_str(cl.placement().current) == "w-a:0-4", "drain w-c: %s" % stage_str(cl.placement().current))
+    e2 = cl.placement().current.epoch
+    rc, o, err = cl.ctl("drain", "w-a")
+    check(rc == 1 and "no other usable node would be left (w-b, w-c are draining)" in err and
+          cl.placement().current.epoch == e2 and cl.nodes()["w-a"].state == pb.NODE_STATE_READY,
+          "drain of the last usable node refused: %r" % err.strip())
+    # undrain: back to READY, no placement change
+    rc, o, err = cl.ctl("undrain", "w-b")
+    check(rc == 0 and o.strip() == "w-b: ready (placement epoch %d)" % e2 and
+          cl.nodes()["w-b"].state == pb.NODE_STATE_READY and cl.placement().current.epoch == e2 and
+          not cl.placement().HasField("pending"), "stratactl undrain w-b: %r" % o.strip())
+    rc, o, err = cl.ctl("undrain", "w-b")
+    check(rc == 1 and "w-b is ready, not draining" in err, "undrain of a ready node: %r" % err.strip())
+    rc, o, err = cl.ctl("undrain", "w-zz")
+    check(rc == 1 and "NOT_FOUND" in err and 'unknown node "w-zz"' in err, "undrain of an unknown node: %r" % err.strip())
+    check(e2 > e1, "epochs %d -> %d" % (e1, e2))
+    rc, o, err = cl.ctl("placement", "set", "--stages", "w-b:0-1,w-a:2-4")
+    check(rc == 0 and stage_str(cl.placement().current) == "w-b:0-1,w-a:2-4",
+          "the undrained w-b takes a stage again: %s" % stage_str(cl.placement().current))
+    exact(cl, rs[:4], 32, "after undrain + placement set")
 
 
 def mode_failure(cl, args):

@@ -137,6 +137,21 @@ static void test_registry(void) {
     reg_info noaddr = {"n2", "cpu", 1, 1, 1, 1, ""};
     CHECK(registry_register(&r, &noaddr, 12, &lease, &err) != 0);
 
+    /* undrain: only a DRAINING node goes back to READY */
+    CHECK(registry_undrain(&r, "n1", &err) == -1); /* ready */
+    CHECK_EQ_STR(err.msg, "n1 is ready, not draining");
+    CHECK(registry_undrain(&r, "nope", &err) == -1);
+    CHECK_EQ_STR(err.msg, "unknown node \"nope\"");
+    n->state = REG_DRAINING;
+    CHECK(!registry_usable(n));
+    CHECK(registry_heartbeat(&r, "n1", lease2, NULL, 11.5) == 0 && n->state == REG_DRAINING);
+    CHECK(registry_undrain(&r, "n1", &err) == 0);
+    CHECK_EQ_INT(n->state, REG_READY);
+    CHECK(registry_usable(n));
+    registry_tick(&r, 11.85); /* the timeouts apply again: 3 intervals missed since 11.5 */
+    CHECK_EQ_INT(n->state, REG_SUSPECT);
+    CHECK(registry_heartbeat(&r, "n1", lease2, NULL, 11.9) == 0 && n->state == REG_READY);
+
     /* state file round trip */
     char path[] = "/tmp/strata-state-XXXXXX";
     int fd = mkstemp(path);
