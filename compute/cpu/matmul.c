@@ -3,10 +3,14 @@
  *
  * T < CPU_MATVEC_MAX_T: matvec, weight rows split evenly over the threads;
  * each row is read once and dotted with every token row (memory bound).
- * Otherwise GEMM: at the AVX-512 level the own register-blocked kernel
- * (x packed transposed once per chunk of tokens, by all threads); at the other
- * levels, or with STRATA_GEMM=blas, OpenBLAS sgemm (one thread: our pool
- * splits the rows) on tiles of weight rows converted to f32.
+ * Q8_0 weights take llama.cpp's route: the token rows are quantized to Q8_0
+ * blocks first (cpu_quantize_q8) and dotted in integers.
+ * Otherwise GEMM: the level's own register-blocked kernel (x packed
+ * transposed once per chunk of tokens, by all threads). Every level computes
+ * the canonical summation order of simd.h, so the results are the same bits
+ * at every level. STRATA_GEMM=blas uses OpenBLAS sgemm instead (one thread:
+ * our pool splits the rows) on tiles of weight rows converted to f32; its
+ * summation order is OpenBLAS's own, so it is a tuning option, not a default.
  *
  * The level is detected once (pthread_once); STRATA_SIMD=scalar|avx2|avx512
  * forces a lower one, cpu_matmul_set_level() changes it (tests, benches).
@@ -15,6 +19,7 @@
 #include "compute/cpu/matmul.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -92,6 +97,11 @@ int cpu_matmul_set_level(const char *level, st_err *err) {
     return 0;
 }
 
+int cpu_matmul_matvec_max_t(void) {
+    pthread_once(&mm_once, mm_init);
+    return mm_matvec_max_t;
+}
+
 void cpu_matmul_set_blas_gemm(int on) {
     pthread_once(&mm_once, mm_init);
     atomic_store(&mm_blas_gemm, on ? 1 : 0);
@@ -109,6 +119,8 @@ typedef struct {
     const cpu_kernels *kn;
     float *y;
     const float *x;
+    const int8_t *xq; /* Q8_0 weights: x quantized (T*K values, T*K/32 scales) */
+    const float *xd;
     const uint8_t *w;
     uint32_t wtype;
     int64_t T, K, N;
@@ -125,6 +137,28 @@ static void run_matvec(void *p, int ith, int nth) {
     if (hi <= lo) return;
     j->kn->matvec(j->wtype, j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->x, j->T, j->K, j->y + lo, j->N,
                   j->scratch ? j->scratch + (size_t)ith * j->scratch_n : NULL);
+}
+
+static void run_matvec_q8(void *p, int ith, int nth) {
+    mm_job *j = p;
+    long lo, hi;
+    st_split_range((long)j->N, ith, nth, &lo, &hi);
+    if (hi <= lo) return;
+    j->kn->matvec_q8(j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->xq, j->xd, j->T, j->K, j->y + lo, j->N);
+}
+
+void cpu_quantize_q8(const float *x, int64_t n, int8_t *q, float *d) {
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        const float *xb = x + b * QK8_0;
+        float amax = 0.0f;
+        for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        d[b] = st_fp16_to_f32(st_f32_to_fp16(amax / 127.0f));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < QK8_0; i++) {
+            float v = nearbyintf(xb[i] * id); /* round half to even, as _mm256_round_ps */
+            q[b * QK8_0 + i] = (int8_t)(v == v ? (v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v) : 0.0f);
+        }
+    }
 }
 
 /* xp[k*Tp + t] = x[t*K + k] (t < T), 0 for T <= t < Tp; threads split k. */
@@ -208,6 +242,23 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     int nth = st_pool_size(pool);
     mm_job j = {.kn = kn, .y = y, .x = x, .w = w, .wtype = wtype, .T = T, .K = K, .N = N, .rb = rb};
 
+    if (T < mm_matvec_max_t && wtype == GGML_TYPE_Q8_0) {
+        int8_t *xq = malloc((size_t)(T * K));
+        float *xd = malloc(sizeof(float) * (size_t)(T * K / QK8_0));
+        if (!xq || !xd) {
+            free(xq);
+            free(xd);
+            return st_errf(err, "matmul: out of memory");
+        }
+        cpu_quantize_q8(x, T * K, xq, xd);
+        j.xq = xq;
+        j.xd = xd;
+        st_pool_run(pool, run_matvec_q8, &j);
+        free(xq);
+        free(xd);
+        return 0;
+    }
+
     if (T < mm_matvec_max_t) {
         if (lv == CPU_SIMD_SCALAR) {
             j.scratch_n = (size_t)K;
@@ -219,7 +270,7 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
         return 0;
     }
 
-    if (kn->gemm && !atomic_load(&mm_blas_gemm)) {
+    if (!atomic_load(&mm_blas_gemm)) {
         int64_t tc_max = T < CPU_GEMM_TC ? T : CPU_GEMM_TC;
         int64_t tp_max = (tc_max + 15) / 16 * 16;
         j.scratch_n = (size_t)(CPU_GEMM_NB * CPU_GEMM_KC + CPU_GEMM_NB * tp_max);

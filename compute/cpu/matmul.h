@@ -29,8 +29,18 @@ const char *cpu_simd_level(void);
  * unknown name or a level this CPU lacks. */
 int cpu_matmul_set_level(const char *level, st_err *err);
 
-/* Prefill through OpenBLAS sgemm even where the own AVX-512 GEMM exists
- * (benchmarks; also STRATA_GEMM=blas). */
+/* T below this takes the matvec path (CPU_MATVEC_MAX_T, or
+ * STRATA_MATVEC_MAX_T), else the GEMM. */
+int cpu_matmul_matvec_max_t(void);
+
+/* Quantizes n floats (a multiple of 32) to Q8_0 blocks as ggml's AVX2
+ * quantize_row_q8_0 does: per block of 32, amax = max |x|, scale
+ * d[b] = f16(amax / 127) (stored widened to f32), q = round-half-even(x * 127 / amax)
+ * (0 for an all-zero block; NaN becomes 0). q: n int8 values, d: n/32 scales. */
+void cpu_quantize_q8(const float *x, int64_t n, int8_t *q, float *d);
+
+/* Prefill through OpenBLAS sgemm instead of the own GEMM (benchmarks; also
+ * STRATA_GEMM=blas). Its summation order is OpenBLAS's, not simd.h's. */
 void cpu_matmul_set_blas_gemm(int on);
 
 #endif

@@ -1,9 +1,18 @@
 /* matmul_avx2.c — AVX2+FMA+F16C kernels for cpu_matmul (compiled with
- * -mavx2 -mfma -mf16c; only called when the CPU has them). Matvec: each weight
- * row is converted 8 lanes at a time (F16 via vcvtph2ps, BF16 by a 16-bit
- * shift, Q8_0/Q4_0 by integer widening and one scale per 32-block) and dotted
- * with up to 4 token rows while it is in registers. Prefill uses OpenBLAS on
- * tiles converted by av2_to_f32 (see matmul.c). */
+ * -mavx2 -mfma -mf16c; only called when the CPU has them).
+ *
+ * Every kernel computes the canonical summation order of simd.h, so its
+ * results are bit for bit those of the AVX-512 and scalar levels:
+ *  - dense matvec: the 16 lanes of the canonical order are two 8-lane
+ *    halves (lo, hi), each with the even- and odd-chunk accumulators, so 4
+ *    ymm accumulators per token row, reduced by the canonical tree;
+ *  - Q4_0 matvec: the same with one accumulator pair and the block scale;
+ *  - Q8_0 matvec: integer dot products of the weight blocks with the
+ *    Q8_0-quantized activations (maddubs + madd, as ggml's AVX2 code),
+ *    8 blocks' totals at a time into the 8 block accumulators;
+ *  - GEMM: a 6-row × 16-token register-blocked micro-kernel, each output a
+ *    sequential FMA sum over k (as matmul_avx512.c's).
+ */
 #include <immintrin.h>
 #include <string.h>
 
@@ -11,13 +20,6 @@
 #include "compute/cpu/simd.h"
 
 #define AI static inline __attribute__((always_inline))
-
-AI float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 AI float ld_f16(const uint8_t *p) {
     uint16_t h;
@@ -33,76 +35,83 @@ AI __m256 load_bf16(const uint8_t *r, int64_t k) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + 2 * k)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-AI float sc_f32(const uint8_t *r, int64_t k) {
-    float f;
-    memcpy(&f, r + 4 * k, 4);
-    return f;
+
+/* Partial loads for K tails: n < 8 elements from k, zeros above (as the
+ * AVX-512 level's masked loads). */
+typedef float f32_elem;
+typedef uint16_t f16_elem;
+typedef uint16_t bf16_elem;
+#define DEF_LOADN(TY)                                                       \
+    AI __m256 loadn_##TY(const uint8_t *r, int64_t k, int64_t n) {          \
+        uint8_t tmp[8 * sizeof(TY##_elem)] = {0};                           \
+        memcpy(tmp, r + k * (int64_t)sizeof(TY##_elem), (size_t)n * sizeof(TY##_elem)); \
+        return load_##TY(tmp, 0);                                           \
+    }
+DEF_LOADN(f32)
+DEF_LOADN(f16)
+DEF_LOADN(bf16)
+AI __m256 loadn_x(const float *x, int64_t n) {
+    float tmp[8] = {0};
+    memcpy(tmp, x, (size_t)n * sizeof(float));
+    return _mm256_loadu_ps(tmp);
 }
-AI float sc_f16(const uint8_t *r, int64_t k) { return ld_f16(r + 2 * k); }
-AI float sc_bf16(const uint8_t *r, int64_t k) {
-    uint16_t h;
-    memcpy(&h, r + 2 * k, 2);
-    return st_bf16_to_f32(h);
+
+/* The canonical tree (simd.h) of a 16-lane vector given as halves lo
+ * (lanes 0-7) and hi (lanes 8-15): l + l+8, then l + l+4, l + l+2, l + l+1. */
+AI float reduce16(__m256 lo, __m256 hi) {
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    return _mm_cvtss_f32(s1);
 }
 
 /* Software prefetch distance (see matmul_avx512.c). */
 #define PF_DIST 2048
-typedef float f32_elem;
-typedef uint16_t f16_elem;
-typedef uint16_t bf16_elem;
 
-/* Dense types: one row × NT token rows, two accumulators per token. */
+/* Dense types: one row × NT token rows. a[t][0..1]: even chunks (lo, hi),
+ * a[t][2..3]: odd chunks. Tail chunks of 16 (the last may be partial) go to
+ * the even accumulators. */
 #define DEF_DENSE(TY)                                                                          \
     AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) { \
-        __m256 a0[4], a1[4];                                                                   \
-        for (int t = 0; t < NT; t++) a0[t] = a1[t] = _mm256_setzero_ps();                     \
+        __m256 a[4][4];                                                                        \
+        for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_ps(); \
         int64_t k = 0;                                                                         \
-        for (; k + 16 <= K; k += 16) {                                                         \
+        for (; k + 32 <= K; k += 32) {                                                         \
             _mm_prefetch((const char *)wr + k * (int64_t)sizeof(TY##_elem) + PF_DIST, _MM_HINT_T0); \
             __m256 w0 = load_##TY(wr, k), w1 = load_##TY(wr, k + 8);                           \
+            __m256 w2 = load_##TY(wr, k + 16), w3 = load_##TY(wr, k + 24);                     \
             for (int t = 0; t < NT; t++) {                                                     \
-                a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * K + k), a0[t]);            \
-                a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * K + k + 8), a1[t]);        \
+                const float *xt = x + t * K + k;                                               \
+                a[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), a[t][0]);                   \
+                a[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), a[t][1]);               \
+                a[t][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xt + 16), a[t][2]);              \
+                a[t][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), a[t][3]);              \
             }                                                                                  \
         }                                                                                      \
-        for (; k + 8 <= K; k += 8) {                                                           \
-            __m256 w0 = load_##TY(wr, k);                                                      \
-            for (int t = 0; t < NT; t++)                                                       \
-                a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * K + k), a0[t]);            \
+        for (; k < K; k += 16) {                                                               \
+            int64_t n = K - k;                                                                 \
+            __m256 w0 = n >= 8 ? load_##TY(wr, k) : loadn_##TY(wr, k, n);                      \
+            __m256 w1 = n >= 16 ? load_##TY(wr, k + 8)                                         \
+                                : n > 8 ? loadn_##TY(wr, k + 8, n - 8) : _mm256_setzero_ps(); \
+            for (int t = 0; t < NT; t++) {                                                     \
+                const float *xt = x + t * K + k;                                               \
+                __m256 x0 = n >= 8 ? _mm256_loadu_ps(xt) : loadn_x(xt, n);                     \
+                __m256 x1 = n >= 16 ? _mm256_loadu_ps(xt + 8)                                  \
+                                    : n > 8 ? loadn_x(xt + 8, n - 8) : _mm256_setzero_ps();   \
+                a[t][0] = _mm256_fmadd_ps(w0, x0, a[t][0]);                                    \
+                a[t][1] = _mm256_fmadd_ps(w1, x1, a[t][1]);                                    \
+            }                                                                                  \
         }                                                                                      \
-        for (int t = 0; t < NT; t++) {                                                         \
-            float s = hsum8(_mm256_add_ps(a0[t], a1[t]));                                      \
-            for (int64_t j = k; j < K; j++) s += sc_##TY(wr, j) * x[t * K + j];                \
-            out[t] = s;                                                                        \
-        }                                                                                      \
+        for (int t = 0; t < NT; t++)                                                           \
+            out[t] = reduce16(_mm256_add_ps(a[t][0], a[t][2]), _mm256_add_ps(a[t][1], a[t][3])); \
     }
 DEF_DENSE(f32)
 DEF_DENSE(f16)
 DEF_DENSE(bf16)
 
-AI void dot_q8_0(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) {
-    __m256 acc[4];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += QK8_0, wr += 2 + QK8_0) {
-        __m256 d = _mm256_set1_ps(ld_f16(wr));
-        const uint8_t *q = wr + 2;
-        __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
-        __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8))));
-        __m256 q2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 16))));
-        __m256 q3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 24))));
-        for (int t = 0; t < NT; t++) {
-            const float *xt = x + t * K + k;
-            __m256 s = _mm256_mul_ps(q0, _mm256_loadu_ps(xt));
-            s = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xt + 8), s);
-            s = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xt + 16), s);
-            s = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xt + 24), s);
-            acc[t] = _mm256_fmadd_ps(s, d, acc[t]);
-        }
-    }
-    for (int t = 0; t < NT; t++) out[t] = hsum8(acc[t]);
-}
-
-/* Q4_0 block: byte i holds x[i] (low nibble) and x[i+16] (high), q - 8. */
+/* Q4_0 block: byte i holds x[i] (low nibble) and x[i+16] (high), q - 8;
+ * v[0..3] are elements 0-7, 8-15, 16-23, 24-31. */
 AI void q4_unpack(const uint8_t *q, __m256 v[4]) {
     const __m256i m = _mm256_set1_epi32(0x0f), e = _mm256_set1_epi32(8);
     __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
@@ -113,22 +122,24 @@ AI void q4_unpack(const uint8_t *q, __m256 v[4]) {
     v[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), e));
 }
 
+/* Canonical Q4_0 order: lane i of a block is fma(q[16+i], x[16+i],
+ * q[i] * x[i]), times the scale into lane i's accumulator. */
 AI void dot_q4_0(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) {
-    __m256 acc[4];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    __m256 lo[4], hi[4];
+    for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += QK4_0, wr += 2 + QK4_0 / 2) {
+        _mm_prefetch((const char *)wr + PF_DIST, _MM_HINT_T0);
         __m256 d = _mm256_set1_ps(ld_f16(wr)), v[4];
         q4_unpack(wr + 2, v);
         for (int t = 0; t < NT; t++) {
             const float *xt = x + t * K + k;
-            __m256 s = _mm256_mul_ps(v[0], _mm256_loadu_ps(xt));
-            s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xt + 8), s);
-            s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xt + 16), s);
-            s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xt + 24), s);
-            acc[t] = _mm256_fmadd_ps(s, d, acc[t]);
+            __m256 s0 = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xt + 16), _mm256_mul_ps(v[0], _mm256_loadu_ps(xt)));
+            __m256 s1 = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xt + 24), _mm256_mul_ps(v[1], _mm256_loadu_ps(xt + 8)));
+            lo[t] = _mm256_fmadd_ps(s0, d, lo[t]);
+            hi[t] = _mm256_fmadd_ps(s1, d, hi[t]);
         }
     }
-    for (int t = 0; t < NT; t++) out[t] = hsum8(acc[t]);
+    for (int t = 0; t < NT; t++) out[t] = reduce16(lo[t], hi[t]);
 }
 
 /* Rows × token chunks of 4; NT is a constant in each call so the
@@ -139,11 +150,10 @@ AI void dot_q4_0(const uint8_t *wr, const float *x, int64_t K, const int NT, flo
         float o[4];                                                                             \
         for (int64_t r = 0; r < nrows; r++) {                                                   \
             const uint8_t *wr = w + (size_t)r * rb;                                             \
-            for (int64_t t0 = 0; t0 < T; t0 += 4) {                                             \
-                int64_t nt = T - t0 < 4 ? T - t0 : 4;                                           \
+            for (int64_t t0 = 0; t0 < T; t0 += 3) {                                             \
+                int64_t nt = T - t0 < 3 ? T - t0 : 3;                                           \
                 const float *xt = x + t0 * K;                                                   \
                 switch (nt) {                                                                   \
-                case 4: dot_##TY(wr, xt, K, 4, o); break;                                       \
                 case 3: dot_##TY(wr, xt, K, 3, o); break;                                       \
                 case 2: dot_##TY(wr, xt, K, 2, o); break;                                       \
                 default: dot_##TY(wr, xt, K, 1, o); break;                                      \
@@ -155,20 +165,104 @@ AI void dot_q4_0(const uint8_t *wr, const float *x, int64_t K, const int NT, flo
 DEF_MATVEC(f32)
 DEF_MATVEC(f16)
 DEF_MATVEC(bf16)
-DEF_MATVEC(q8_0)
 DEF_MATVEC(q4_0)
 
 static void av2_matvec(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, const float *x,
                        int64_t T, int64_t K, float *y, int64_t ldy, float *scratch) {
+    (void)scratch;
     switch (wtype) {
     case GGML_TYPE_F32: mv_f32(w, rb, nrows, x, T, K, y, ldy); break;
     case GGML_TYPE_F16: mv_f16(w, rb, nrows, x, T, K, y, ldy); break;
     case GGML_TYPE_BF16: mv_bf16(w, rb, nrows, x, T, K, y, ldy); break;
-    case GGML_TYPE_Q8_0: mv_q8_0(w, rb, nrows, x, T, K, y, ldy); break;
     case GGML_TYPE_Q4_0: mv_q4_0(w, rb, nrows, x, T, K, y, ldy); break;
-    default: break; /* rejected by cpu_matmul */
+    default: break; /* Q8_0 goes to matvec_q8; others are rejected by cpu_matmul */
     }
 }
+
+/* ---- Q8_0 × Q8_0 (integer dot products) ---- */
+
+/* 8 int32 lanes of partial sums of one block: ggml's mul_sum_i8_pairs
+ * (|w| as u8 times x with w's sign, pairs to i16 by maddubs, which cannot
+ * saturate as |x| <= 127, then pairs to i32). */
+AI __m256i block_dot(__m256i wabs, __m256i wq, __m256i xq) {
+    __m256i sx = _mm256_sign_epi8(xq, wq);
+    __m256i p16 = _mm256_maddubs_epi16(wabs, sx);
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* Exact totals of 8 blocks' partial-sum vectors: lane j = sum of p[j]. */
+AI __m256i totals8(const __m256i p[8]) {
+    __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+    __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+    __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+/* One weight row × NT token rows: acc lane j collects blocks b with b % 8 == j. */
+AI void dot_q8(const uint8_t *wr, const int8_t *xq, const float *xd, int64_t nb, int64_t K, const int NT,
+               float *out) {
+    __m256 acc[4];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int ng = nb - b0 < 8 ? (int)(nb - b0) : 8;
+        _mm_prefetch((const char *)wr + PF_DIST, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + PF_DIST + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + PF_DIST + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + PF_DIST + 192, _MM_HINT_T0);
+        __m256i wq[8], wabs[8];
+        uint16_t dh[8] = {0};
+        for (int j = 0; j < ng; j++) {
+            const uint8_t *blk = wr + (size_t)j * (2 + QK8_0);
+            memcpy(&dh[j], blk, 2);
+            wq[j] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
+        }
+        for (int j = ng; j < 8; j++) wq[j] = wabs[j] = _mm256_setzero_si256();
+        __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        for (int t = 0; t < NT; t++) {
+            const int8_t *xb = xq + t * K + b0 * QK8_0;
+            __m256i p[8];
+            for (int j = 0; j < ng; j++)
+                p[j] = block_dot(wabs[j], wq[j], _mm256_loadu_si256((const __m256i *)(xb + j * QK8_0)));
+            for (int j = ng; j < 8; j++) p[j] = _mm256_setzero_si256();
+            __m256 xs;
+            if (ng == 8) {
+                xs = _mm256_loadu_ps(xd + t * nb + b0);
+            } else {
+                float tmp[8] = {0};
+                memcpy(tmp, xd + t * nb + b0, sizeof(float) * (size_t)ng);
+                xs = _mm256_loadu_ps(tmp);
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8(p)), _mm256_mul_ps(wd, xs), acc[t]);
+        }
+        wr += (size_t)ng * (2 + QK8_0);
+    }
+    for (int t = 0; t < NT; t++) out[t] = reduce16(acc[t], _mm256_setzero_ps());
+}
+
+void cpu_matvec_q8_avx2(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd,
+                          int64_t T, int64_t K, float *y, int64_t ldy) {
+    const int64_t nb = K / QK8_0;
+    float o[4];
+    for (int64_t r = 0; r < nrows; r++) {
+        const uint8_t *wr = w + (size_t)r * rb;
+        for (int64_t t0 = 0; t0 < T; t0 += 4) {
+            int64_t nt = T - t0 < 4 ? T - t0 : 4;
+            const int8_t *xt = xq + t0 * K;
+            const float *dt = xd + t0 * nb;
+            switch (nt) {
+            case 4: dot_q8(wr, xt, dt, nb, K, 4, o); break;
+            case 3: dot_q8(wr, xt, dt, nb, K, 3, o); break;
+            case 2: dot_q8(wr, xt, dt, nb, K, 2, o); break;
+            default: dot_q8(wr, xt, dt, nb, K, 1, o); break;
+            }
+            for (int64_t t = 0; t < nt; t++) y[(t0 + t) * ldy + r] = o[t];
+        }
+    }
+}
+
+/* ---- conversion to f32 (the GEMM's weight tiles) ---- */
 
 static void av2_to_f32(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, int64_t k0,
                        int64_t kc, float *dst, int64_t ldd) {
@@ -180,11 +274,19 @@ static void av2_to_f32(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrow
         case GGML_TYPE_F32: memcpy(d, wr + 4 * k0, (size_t)kc * 4); break;
         case GGML_TYPE_F16:
             for (; i + 8 <= kc; i += 8) _mm256_storeu_ps(d + i, load_f16(wr, k0 + i));
-            for (; i < kc; i++) d[i] = sc_f16(wr, k0 + i);
+            if (i < kc) {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, loadn_f16(wr, k0 + i, kc - i));
+                memcpy(d + i, tmp, sizeof(float) * (size_t)(kc - i));
+            }
             break;
         case GGML_TYPE_BF16:
             for (; i + 8 <= kc; i += 8) _mm256_storeu_ps(d + i, load_bf16(wr, k0 + i));
-            for (; i < kc; i++) d[i] = sc_bf16(wr, k0 + i);
+            if (i < kc) {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, loadn_bf16(wr, k0 + i, kc - i));
+                memcpy(d + i, tmp, sizeof(float) * (size_t)(kc - i));
+            }
             break;
         case GGML_TYPE_Q8_0:
             for (const uint8_t *b = wr + (k0 / QK8_0) * (2 + QK8_0); i < kc; i += QK8_0, b += 2 + QK8_0) {
@@ -207,4 +309,51 @@ static void av2_to_f32(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrow
     }
 }
 
-const cpu_kernels cpu_kernels_avx2 = {"avx2", av2_matvec, av2_to_f32, NULL};
+/* ---- GEMM ---- */
+
+/* C[i][t] (+)= sum_k A[i][k] * B[k][t] for i < MR, t < 16: 12 ymm
+ * accumulators, sequential FMAs over k. */
+static void micro16(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                    int64_t ldc, int first) {
+    __m256 c[CPU_GEMM_MR][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < CPU_GEMM_MR; i++)
+        for (int v = 0; v < 2; v++)
+            c[i][v] = first ? _mm256_setzero_ps() : _mm256_load_ps(C + i * ldc + 8 * v);
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_load_ps(B + k * ldb), b1 = _mm256_load_ps(B + k * ldb + 8);
+#pragma GCC unroll 6
+        for (int i = 0; i < CPU_GEMM_MR; i++) {
+            __m256 a = _mm256_broadcast_ss(A + i * lda + k);
+            c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
+            c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < CPU_GEMM_MR; i++)
+        for (int v = 0; v < 2; v++) _mm256_store_ps(C + i * ldc + 8 * v, c[i][v]);
+}
+
+static void av2_gemm(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc, float *cbuf) {
+    const int64_t K = a->K, Tp = a->Tp;
+    for (int64_t nb0 = n_lo; nb0 < n_hi; nb0 += CPU_GEMM_NB) {
+        int64_t nb = n_hi - nb0 < CPU_GEMM_NB ? n_hi - nb0 : CPU_GEMM_NB;
+        int64_t nbp = (nb + CPU_GEMM_MR - 1) / CPU_GEMM_MR * CPU_GEMM_MR;
+        for (int64_t k0 = 0; k0 < K; k0 += CPU_GEMM_KC) {
+            int64_t kc = K - k0 < CPU_GEMM_KC ? K - k0 : CPU_GEMM_KC;
+            av2_to_f32(a->wtype, a->w + (size_t)nb0 * a->rb, a->rb, nb, k0, kc, wc, kc);
+            memset(wc + nb * kc, 0, sizeof(float) * (size_t)((nbp - nb) * kc));
+            for (int64_t t0 = 0; t0 < Tp; t0 += 16) {
+                const float *B = a->xp + k0 * Tp + t0;
+                for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR)
+                    micro16(kc, wc + m0 * kc, kc, B, Tp, cbuf + m0 * Tp + t0, Tp, k0 == 0);
+            }
+        }
+        for (int64_t t = 0; t < a->T; t++) {
+            float *yt = a->y + t * a->N + nb0;
+            for (int64_t n = 0; n < nb; n++) yt[n] = cbuf[n * Tp + t];
+        }
+    }
+}
+
+const cpu_kernels cpu_kernels_avx2 = {"avx2", av2_matvec, cpu_matvec_q8_avx2, av2_to_f32, av2_gemm};

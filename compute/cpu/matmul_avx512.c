@@ -2,8 +2,8 @@
  * (compiled with those -m flags; only called when the CPU has them).
  *
  * Matvec (decode): one weight row converted 16 lanes at a time (F16 via
- * vcvtph2ps, BF16 by a 16-bit shift, Q8_0/Q4_0 by integer widening with one
- * scale per 32-block), dotted with up to 4 token rows while in registers;
+ * vcvtph2ps, BF16 by a 16-bit shift, Q4_0 by integer widening with one
+ * scale per 32-block; Q8_0 shares the AVX2 integer kernel), dotted with up to 4 token rows while in registers;
  * K tails use masked loads. The 16-lane partial sums of 16 rows are reduced
  * together by a shuffle transpose (reduce16: the same addition tree as
  * _mm512_reduce_add_ps, so the same bits, at a third of the shuffles).
@@ -116,9 +116,7 @@ AI void q4_unpack(const uint8_t *q, __m512 v[2]) {
         }                                                                                      \
         for (int t = 0; t < NT; t++) out[t] = acc[t];                                          \
     }
-#define q8_0_unpack_ q8_unpack
 #define q4_0_unpack_ q4_unpack
-DEF_QUANT(q8_0, QK8_0, 2 + QK8_0)
 DEF_QUANT(q4_0, QK4_0, 2 + QK4_0 / 2)
 
 /* Lane i of the result is _mm512_reduce_add_ps(v[slot(i)]), bit for bit:
@@ -195,14 +193,12 @@ DEF_SMALLK(bf16)
 #define HAS_SMALLK_f32 1
 #define HAS_SMALLK_f16 1
 #define HAS_SMALLK_bf16 1
-#define HAS_SMALLK_q8_0 0
 #define HAS_SMALLK_q4_0 0
-/* quant types: never called (HAS_SMALLK_* is 0) */
-static void mvs_nk_q8_0(int nt, int nk, const uint8_t *w, size_t rb, int nr, const float *x, int64_t K,
+/* Q4_0: never called (HAS_SMALLK_q4_0 is 0) */
+static void mvs_nk_q4_0(int nt, int nk, const uint8_t *w, size_t rb, int nr, const float *x, int64_t K,
                         __m512 (*v)[16]) {
     (void)nt, (void)nk, (void)w, (void)rb, (void)nr, (void)x, (void)K, (void)v;
 }
-#define mvs_nk_q4_0 mvs_nk_q8_0
 
 /* 16 rows × token chunks of 4 (NT is a constant in each dot call so the
  * accumulators stay in registers); the 16 rows' partial-sum vectors of each
@@ -242,7 +238,6 @@ static void mvs_nk_q8_0(int nt, int nk, const uint8_t *w, size_t rb, int nr, con
 DEF_MATVEC(f32)
 DEF_MATVEC(f16)
 DEF_MATVEC(bf16)
-DEF_MATVEC(q8_0)
 DEF_MATVEC(q4_0)
 
 static void av5_matvec(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, const float *x,
@@ -251,9 +246,8 @@ static void av5_matvec(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrow
     case GGML_TYPE_F32: mv_f32(w, rb, nrows, x, T, K, y, ldy); break;
     case GGML_TYPE_F16: mv_f16(w, rb, nrows, x, T, K, y, ldy); break;
     case GGML_TYPE_BF16: mv_bf16(w, rb, nrows, x, T, K, y, ldy); break;
-    case GGML_TYPE_Q8_0: mv_q8_0(w, rb, nrows, x, T, K, y, ldy); break;
     case GGML_TYPE_Q4_0: mv_q4_0(w, rb, nrows, x, T, K, y, ldy); break;
-    default: break; /* rejected by cpu_matmul */
+    default: break; /* Q8_0 goes to matvec_q8; others are rejected by cpu_matmul */
     }
 }
 
@@ -375,4 +369,4 @@ static void av5_gemm(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *
     }
 }
 
-const cpu_kernels cpu_kernels_avx512 = {"avx512", av5_matvec, av5_to_f32, av5_gemm};
+const cpu_kernels cpu_kernels_avx512 = {"avx512", av5_matvec, cpu_matvec_q8_avx2, av5_to_f32, av5_gemm};

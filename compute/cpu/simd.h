@@ -5,6 +5,28 @@
  * matmul_scalar.c (portable C), matmul_avx2.c (AVX2+FMA+F16C) and
  * matmul_avx512.c (AVX-512 F+BW+VL). Shapes follow matmul.h: W is rows of K
  * elements of `wtype`, `rb` bytes a row; x and y are row-major f32.
+ *
+ * The canonical summation order. Every level computes every output with the
+ * same sequence of IEEE f32 operations, so results are bit-identical across
+ * levels (a model gives the same tokens and logprobs on any x86-64 CPU;
+ * tests/compute/test_matmul checks the bits). fma() is one rounding.
+ *  - Dense matvec (F32/F16/BF16), one weight row w and token row x:
+ *    16 lanes, two accumulators E (even) and O (odd). Chunk c = elements
+ *    [16c, 16c+16); for c < 2*floor(K/32) lane i does
+ *    acc_c%2[i] = fma(w[16c+i], x[16c+i], acc[i]); the remaining chunks (at
+ *    most two, the last one partial, missing elements count as 0*0) all go to
+ *    E. Then s = E + O lane-wise, and the tree s[i] + s[i+8] (i < 8), then
+ *    [i] + [i+4], [i] + [i+2], [0] + [1] (GCC's _mm512_reduce_add_ps).
+ *  - Q4_0 matvec: 16 lanes, one accumulator; for each block with scale d,
+ *    lane i: acc[i] = fma(fma(q[16+i], x[16+i], q[i] * x[i]), d, acc[i]);
+ *    then the same tree.
+ *  - Q8_0 matvec (as llama.cpp: integer dot products against activations
+ *    quantized to Q8_0, cpu_quantize_q8 in matmul.c): for block b,
+ *    isum = sum of q_w * q_x (exact int32), and
+ *    acc[b % 8] = fma((float)isum, d_w * d_x, acc[b % 8]) over 8 lanes,
+ *    reduced as (a0+a4)+(a2+a6) + (a1+a5)+(a3+a7).
+ *  - GEMM (T >= the matvec threshold): weights converted exactly to f32,
+ *    each output a sequential sum y = fma(w[k], x[k], y) over k = 0..K-1.
  */
 #ifndef STRATA_COMPUTE_CPU_SIMD_H
 #define STRATA_COMPUTE_CPU_SIMD_H
@@ -14,8 +36,8 @@
 
 enum cpu_simd { CPU_SIMD_SCALAR = 0, CPU_SIMD_AVX2 = 1, CPU_SIMD_AVX512 = 2 };
 
-/* Own GEMM blocking (matmul_avx512.c): MR weight rows × up to 64 tokens per
- * micro-kernel, NB weight rows and KC columns of K per converted W tile. */
+/* Own GEMM blocking: MR weight rows × up to 64 tokens (AVX-512) or 16
+ * tokens (AVX2) per micro-kernel, NB weight rows and KC columns of K per converted W tile. */
 #define CPU_GEMM_MR 6
 #define CPU_GEMM_NB 96 /* multiple of CPU_GEMM_MR */
 #define CPU_GEMM_KC 128 /* multiple of 32 (the Q8_0/Q4_0 block) */
@@ -40,11 +62,16 @@ typedef struct {
      * scratch holds K floats (used by the scalar level). */
     void (*matvec)(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, const float *x,
                    int64_t T, int64_t K, float *y, int64_t ldy, float *scratch);
+    /* Q8_0 weights: y[t*ldy + r] = dot of row r with activation row t, given
+     * as Q8_0 blocks: xq[t*K + k] the int8 values, xd[t*(K/32) + b] the
+     * block scales (f16-rounded, as f32). */
+    void (*matvec_q8)(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd,
+                      int64_t T, int64_t K, float *y, int64_t ldy);
     /* dst[r*ldd + i] = W[r][k0 + i] for i < kc, r < nrows; k0 and kc are
      * multiples of the type's block size (kc may end at K). */
     void (*to_f32)(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, int64_t k0,
                    int64_t kc, float *dst, int64_t ldd);
-    /* Own GEMM over weight rows [n_lo, n_hi), or NULL (use OpenBLAS).
+    /* Own GEMM over weight rows [n_lo, n_hi).
      * wc: CPU_GEMM_NB*CPU_GEMM_KC floats, cbuf: CPU_GEMM_NB*Tp floats, both
      * 64-byte aligned, private to the calling thread. */
     void (*gemm)(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc, float *cbuf);
@@ -53,5 +80,9 @@ typedef struct {
 extern const cpu_kernels cpu_kernels_scalar;
 extern const cpu_kernels cpu_kernels_avx2;
 extern const cpu_kernels cpu_kernels_avx512;
+
+/* The AVX2 Q8_0 matvec, which the AVX-512 level shares. */
+void cpu_matvec_q8_avx2(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd,
+                        int64_t T, int64_t K, float *y, int64_t ldy);
 
 #endif

@@ -2,7 +2,8 @@
  * from st_dequant_row: every weight type × every SIMD level this CPU has ×
  * shapes (K not a multiple of 16/64 for the dense types, odd N, T = 1, 2, 3,
  * 7, 64, 70 covering matvec and GEMM paths, a T > 256 chunked GEMM, the
- * OpenBLAS GEMM path) × pools of 1, 2 and 3 threads; bad types and shapes. */
+ * OpenBLAS GEMM path) × pools of 1, 2 and 3 threads; bad types and shapes.
+ * Every level's output must be the scalar level's, bit for bit. */
 #include <math.h>
 #include <stdint.h>
 
@@ -71,106 +72,162 @@ static uint8_t *make_weights(uint32_t type, int64_t K, int64_t N) {
 }
 
 static int n_cases, n_bad_cases;
+static const char *levels[] = {"scalar", "avx2", "avx512"};
+static int n_levels; /* levels this CPU has: levels[0 .. n_levels) */
 
-/* Runs one case and compares every output with the f64 reference:
- * |y - ref| <= 3e-6 * sum_k |x w| + 1e-7 (f32 accumulation error bound). */
-static void check_case(st_pool *pool, const char *lv, uint32_t type, int64_t T, int64_t K, int64_t N) {
+/* Runs one case at every SIMD level the CPU has; each level's y must be the
+ * same bits as the scalar level's (simd.h's canonical order; not for
+ * OpenBLAS, blas = 1), and every output must be near the f64 reference:
+ * |y - ref| <= 3e-6 * sum_k |x w| + 1e-7 (f32 accumulation error bound).
+ * For Q8_0 weights on the matvec path the reference uses the Q8_0-quantized
+ * activations (cpu_quantize_q8), which is what the kernels multiply. */
+static void check_case(st_pool *pool, uint32_t type, int64_t T, int64_t K, int64_t N, int blas) {
     size_t rb = ggml_row_bytes(type, K);
     REQUIRE(rb > 0);
     uint8_t *w = make_weights(type, K, N);
     float *x = malloc(sizeof(float) * (size_t)(T * K));
     for (int64_t i = 0; i < T * K; i++) x[i] = frand();
+    float *xr = malloc(sizeof(float) * (size_t)(T * K)); /* what the kernels multiply */
+    memcpy(xr, x, sizeof(float) * (size_t)(T * K));
+    if (type == GGML_TYPE_Q8_0 && T < cpu_matmul_matvec_max_t() && !blas) {
+        int8_t *q = malloc((size_t)(T * K));
+        float *d = malloc(sizeof(float) * (size_t)(T * K / 32));
+        cpu_quantize_q8(x, T * K, q, d);
+        for (int64_t i = 0; i < T * K; i++) xr[i] = (float)q[i] * d[i / 32];
+        free(q);
+        free(d);
+    }
     const int64_t guard = 16;
-    float *y = malloc(sizeof(float) * (size_t)(T * N + guard));
-    for (int64_t i = 0; i < T * N + guard; i++) y[i] = 12345.0f;
-    st_err err = {{0}};
-    int rc = cpu_matmul(pool, y, x, w, type, T, K, N, &err);
-    CHECK_MSG(rc == 0, "%s", err.msg);
+    float *y0 = NULL; /* the scalar level's result */
     float *deq = malloc(sizeof(float) * (size_t)K);
     int bad = 0;
-    for (int64_t n = 0; n < N && !bad; n++) {
-        REQUIRE(st_dequant_row(type, w + (size_t)n * rb, deq, K) == 0);
-        for (int64_t t = 0; t < T; t++) {
-            double s = 0, a = 0;
-            for (int64_t k = 0; k < K; k++) {
-                s += (double)x[t * K + k] * deq[k];
-                a += fabs((double)x[t * K + k] * deq[k]);
-            }
-            double got = y[t * N + n], tol = 3e-6 * a + 1e-7;
-            if (!(fabs(got - s) <= tol)) {
-                fprintf(stderr, "level %s type %s T=%lld K=%lld N=%lld pool %d: y[%lld,%lld] = %.9g, ref %.9g (tol %.3g)\n",
-                        lv, ggml_type_name(type), (long long)T, (long long)K, (long long)N, st_pool_size(pool),
-                        (long long)t, (long long)n, got, s, tol);
-                bad = 1;
-                break;
+    st_err err = {{0}};
+    for (int li = 0; li < n_levels; li++) {
+        REQUIRE(cpu_matmul_set_level(levels[li], &err) == 0);
+        float *y = malloc(sizeof(float) * (size_t)(T * N + guard));
+        for (int64_t i = 0; i < T * N + guard; i++) y[i] = 12345.0f;
+        int rc = cpu_matmul(pool, y, x, w, type, T, K, N, &err);
+        CHECK_MSG(rc == 0, "%s", err.msg);
+        for (int64_t n = 0; n < N && !bad; n++) {
+            REQUIRE(st_dequant_row(type, w + (size_t)n * rb, deq, K) == 0);
+            for (int64_t t = 0; t < T; t++) {
+                double s = 0, a = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    s += (double)xr[t * K + k] * deq[k];
+                    a += fabs((double)xr[t * K + k] * deq[k]);
+                }
+                double got = y[t * N + n], tol = 3e-6 * a + 1e-7;
+                if (!(fabs(got - s) <= tol)) {
+                    fprintf(stderr, "level %s type %s T=%lld K=%lld N=%lld pool %d: y[%lld,%lld] = %.9g, ref %.9g (tol %.3g)\n",
+                            levels[li], ggml_type_name(type), (long long)T, (long long)K, (long long)N,
+                            st_pool_size(pool), (long long)t, (long long)n, got, s, tol);
+                    bad = 1;
+                    break;
+                }
             }
         }
+        for (int64_t i = T * N; i < T * N + guard; i++)
+            if (y[i] != 12345.0f) bad = 1;
+        if (li == 0) {
+            y0 = y;
+        } else {
+            if (!blas && memcmp(y, y0, sizeof(float) * (size_t)(T * N)) != 0) {
+                int64_t i = 0;
+                while (y[i] == y0[i]) i++;
+                fprintf(stderr, "level %s differs from scalar: type %s T=%lld K=%lld N=%lld y[%lld] = %.9g vs %.9g\n",
+                        levels[li], ggml_type_name(type), (long long)T, (long long)K, (long long)N,
+                        (long long)i, y[i], y0[i]);
+                bad = 1;
+            }
+            free(y);
+        }
     }
-    for (int64_t i = T * N; i < T * N + guard; i++)
-        if (y[i] != 12345.0f) bad = 1;
-    CHECK_MSG(!bad, "mismatch (see above) or write past y: %s %s T=%lld K=%lld N=%lld", lv,
-              ggml_type_name(type), (long long)T, (long long)K, (long long)N);
+    CHECK_MSG(!bad, "mismatch (see above) or write past y: %s T=%lld K=%lld N=%lld", ggml_type_name(type),
+              (long long)T, (long long)K, (long long)N);
     n_cases++;
     n_bad_cases += bad;
+    free(y0);
     free(deq);
-    free(y);
+    free(xr);
     free(x);
     free(w);
 }
 
+/* cpu_quantize_q8 on hand-made blocks: ggml's rounding (half to even), the
+ * f16 scale, an all-zero block. */
+static void check_quantize_q8(void) {
+    float x[64] = {0}, d[2];
+    int8_t q[64];
+    x[0] = 127.0f;  /* amax 127: id = 1, scale 1 */
+    x[1] = 2.5f;    /* ties go to even: 2 */
+    x[2] = -3.5f;   /* -4 */
+    x[3] = 0.49f;   /* 0 */
+    x[4] = -127.0f; /* -127 */
+    cpu_quantize_q8(x, 64, q, d);
+    CHECK_EQ_INT(q[0], 127);
+    CHECK_EQ_INT(q[1], 2);
+    CHECK_EQ_INT(q[2], -4);
+    CHECK_EQ_INT(q[3], 0);
+    CHECK_EQ_INT(q[4], -127);
+    CHECK_NEAR(d[0], 1.0, 0);
+    CHECK_NEAR(d[1], 0.0, 0); /* all-zero block */
+    for (int i = 32; i < 64; i++) CHECK_EQ_INT(q[i], 0);
+    x[32] = 0.1f; /* scale 0.1/127 rounds to f16 */
+    cpu_quantize_q8(x, 64, q, d);
+    CHECK_EQ_INT(q[32], 127);
+    CHECK_NEAR(d[1], st_fp16_to_f32(st_f32_to_fp16(0.1f / 127.0f)), 0);
+}
+
 int main(void) {
-    const char *levels[] = {"scalar", "avx2", "avx512"};
     const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
     const int64_t Ts[] = {1, 2, 3, 7, 64, 70};
     /* (K, N): dense types get K that are not multiples of 16 or 64. */
-    const int64_t dense_kn[][2] = {{5, 3}, {37, 17}, {300, 201}, {64, 1}};
-    const int64_t quant_kn[][2] = {{32, 5}, {96, 17}, {320, 201}};
+    const int64_t dense_kn[][2] = {{5, 3}, {37, 17}, {300, 201}, {64, 1}, {48, 5}, {24, 4}};
+    const int64_t quant_kn[][2] = {{32, 5}, {96, 17}, {320, 201}, {544, 3}};
     const char *best = cpu_simd_level();
     fprintf(stderr, "best SIMD level: %s\n", best);
-    int n_levels = 0;
-
     st_err err = {{0}};
-    for (int li = 0; li < 3; li++) {
-        if (cpu_matmul_set_level(levels[li], &err) != 0) {
-            fprintf(stderr, "level %s not available here: %s\n", levels[li], err.msg);
-            continue;
-        }
-        n_levels++;
-        CHECK_EQ_STR(cpu_simd_level(), levels[li]);
-        for (int np = 1; np <= 3; np++) {
-            st_pool *pool = st_pool_new(np, &err);
-            REQUIRE(pool);
-            for (int ti = 0; ti < 5; ti++) {
-                uint32_t type = types[ti];
-                int dense = ggml_block_size(type) == 1;
-                int nkn = dense ? 4 : 3;
-                for (int s = 0; s < nkn; s++) {
-                    int64_t K = dense ? dense_kn[s][0] : quant_kn[s][0];
-                    int64_t N = dense ? dense_kn[s][1] : quant_kn[s][1];
-                    for (int i = 0; i < 6; i++) {
-                        /* The biggest shape only on the 2-thread pool (time under ASan). */
-                        if (K * N > 20000 && np != 2 && Ts[i] > 3) continue;
-                        check_case(pool, levels[li], type, Ts[i], K, N);
-                    }
+    for (n_levels = 0; n_levels < 3; n_levels++)
+        if (cpu_matmul_set_level(levels[n_levels], &err) != 0) break;
+    fprintf(stderr, "levels compared bit for bit: %d (scalar .. %s)\n", n_levels, levels[n_levels - 1]);
+    CHECK_EQ_STR(levels[n_levels - 1], best);
+    check_quantize_q8();
+
+    for (int np = 1; np <= 3; np++) {
+        st_pool *pool = st_pool_new(np, &err);
+        REQUIRE(pool);
+        for (int ti = 0; ti < 5; ti++) {
+            uint32_t type = types[ti];
+            int dense = ggml_block_size(type) == 1;
+            int nkn = dense ? 6 : 4;
+            for (int s = 0; s < nkn; s++) {
+                int64_t K = dense ? dense_kn[s][0] : quant_kn[s][0];
+                int64_t N = dense ? dense_kn[s][1] : quant_kn[s][1];
+                for (int i = 0; i < 6; i++) {
+                    /* The biggest shape only on the 2-thread pool (time under ASan). */
+                    if (K * N > 20000 && np != 2 && Ts[i] > 3) continue;
+                    check_case(pool, type, Ts[i], K, N, 0);
                 }
             }
-            /* T > 256: the own GEMM packs x in chunks of 256 tokens. */
-            if (np == 2) {
-                check_case(pool, levels[li], GGML_TYPE_F16, 260, 40, 9);
-                check_case(pool, levels[li], GGML_TYPE_Q8_0, 300, 64, 7);
-                /* Token tiles of 16, 32 and 48 in the own GEMM's micro-kernel. */
-                check_case(pool, levels[li], GGML_TYPE_F16, 9, 130, 50);
-                check_case(pool, levels[li], GGML_TYPE_F32, 20, 33, 13);
-                check_case(pool, levels[li], GGML_TYPE_BF16, 33, 64, 101);
-                /* The OpenBLAS GEMM path (the default below AVX-512). */
-                cpu_matmul_set_blas_gemm(1);
-                check_case(pool, levels[li], GGML_TYPE_F32, 70, 37, 17);
-                check_case(pool, levels[li], GGML_TYPE_BF16, 64, 300, 130);
-                check_case(pool, levels[li], GGML_TYPE_Q4_0, 9, 96, 70);
-                cpu_matmul_set_blas_gemm(0);
-            }
-            st_pool_free(pool);
         }
+        /* T > 256: the own GEMM packs x in chunks of 256 tokens. */
+        if (np == 2) {
+            check_case(pool, GGML_TYPE_F16, 260, 40, 9, 0);
+            check_case(pool, GGML_TYPE_Q8_0, 300, 64, 7, 0);
+            /* Token tiles of 16, 32 and 48 in the own GEMM's micro-kernel. */
+            check_case(pool, GGML_TYPE_F16, 9, 130, 50, 0);
+            check_case(pool, GGML_TYPE_F32, 20, 33, 13, 0);
+            check_case(pool, GGML_TYPE_BF16, 33, 64, 101, 0);
+            /* K past one CPU_GEMM_KC tile and N past one CPU_GEMM_NB tile. */
+            check_case(pool, GGML_TYPE_Q4_0, 17, 288, 200, 0);
+            /* The OpenBLAS GEMM path (STRATA_GEMM=blas). */
+            cpu_matmul_set_blas_gemm(1);
+            check_case(pool, GGML_TYPE_F32, 70, 37, 17, 1);
+            check_case(pool, GGML_TYPE_BF16, 64, 300, 130, 1);
+            check_case(pool, GGML_TYPE_Q4_0, 19, 96, 70, 1);
+            cpu_matmul_set_blas_gemm(0);
+        }
+        st_pool_free(pool);
     }
     fprintf(stderr, "%d cases on %d SIMD levels, %d bad\n", n_cases, n_levels, n_bad_cases);
     CHECK(n_levels >= 1);
