@@ -1,9 +1,13 @@
 /* strata_gguf.c — the strata-gguf tool: `inspect` prints a GGUF file's
  * metadata and tensor table (like gguf-dump); `synth` writes a random-weight
- * Llama model (model/synth.h). Errors are one line on stderr, exit status 1.
+ * Llama model (model/synth.h); `quantize` rewrites a model with Q8_0 or Q4_0
+ * weights (model/quantize.h, like llama.cpp's llama-quantize). Errors are one
+ * line on stderr, exit status 1; command-line errors exit 2.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +17,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "model/gguf.h"
+#include "model/quantize.h"
 #include "model/synth.h"
 
 #define ARRAY_SHOW 8 /* array elements printed before "..." */
@@ -27,6 +32,9 @@ static void usage(FILE *o) {
             "[--n-ff N]\n"
             "                   [--n-vocab N] [--ctx N] [--dtype f32|f16|bf16|q8_0] [--seed S]\n"
             "                   [--vocab-from GGUF|none] [--name NAME]\n"
+            "       strata-gguf quantize [--allow-requantize] IN OUT q8_0|q4_0\n"
+            "                   quantizes the weight matrices as llama-quantize --pure does (row\n"
+            "                   length a multiple of 32, else kept); norms stay as they are\n"
             "exit status: 0 ok, 1 bad or unreadable file, 2 bad command line\n");
 }
 
@@ -293,6 +301,95 @@ static int cmd_synth(int argc, char **argv) {
     return 0;
 }
 
+/* ---- quantize ---- */
+
+/* OUT.tmp while it is being written: removed if the process is interrupted. */
+static char quant_tmp[4096];
+
+static void on_signal(int sig) {
+    if (quant_tmp[0]) unlink(quant_tmp);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void notice(void *ctx, const char *msg) {
+    (void)ctx;
+    fprintf(stderr, "strata-gguf: quantize: %s\n", msg);
+}
+
+/* "q8_0"/"q4_0" in any case, or llama-quantize's ftype numbers 7 and 2. */
+static int parse_qtype(const char *s, uint32_t *type) {
+    char low[16];
+    size_t n = strlen(s);
+    if (n >= sizeof low) return -1;
+    for (size_t i = 0; i <= n; i++) low[i] = (char)tolower((unsigned char)s[i]);
+    if (strcmp(low, "q8_0") == 0 || strcmp(low, "7") == 0) *type = GGML_TYPE_Q8_0;
+    else if (strcmp(low, "q4_0") == 0 || strcmp(low, "2") == 0) *type = GGML_TYPE_Q4_0;
+    else return -1;
+    return 0;
+}
+
+static int cmd_quantize(int argc, char **argv) {
+    const char *pos[3];
+    int npos = 0;
+    quantize_params p = {.notice = notice};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--allow-requantize") == 0) {
+            p.allow_requantize = true;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "strata-gguf: quantize: unknown option %s\n", a);
+            return 2;
+        } else if (npos < 3) {
+            pos[npos++] = a;
+        } else {
+            fprintf(stderr, "strata-gguf: quantize: too many arguments (IN OUT TYPE)\n");
+            return 2;
+        }
+    }
+    if (npos != 3) {
+        fprintf(stderr, "strata-gguf: quantize: expected IN OUT TYPE (q8_0 or q4_0)\n");
+        return 2;
+    }
+    const char *in = pos[0], *out = pos[1];
+    if (parse_qtype(pos[2], &p.type)) {
+        fprintf(stderr, "strata-gguf: quantize: unknown type '%s' (q8_0 or q4_0)\n", pos[2]);
+        return 2;
+    }
+    if (strlen(out) + 5 > sizeof quant_tmp) {
+        fprintf(stderr, "strata-gguf: quantize: output path too long\n");
+        return 2;
+    }
+    snprintf(quant_tmp, sizeof quant_tmp, "%s.tmp", out);
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], on_signal);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    st_err err;
+    quantize_stats st;
+    int rc = quantize_file(in, out, &p, &st, &err);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
+    quant_tmp[0] = 0;
+    if (rc) {
+        fprintf(stderr, "strata-gguf: %s\n", err.msg);
+        return 1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    const double mib = 1024.0 * 1024.0;
+    printf("%s: %s (file type %d): %" PRId64 " of %" PRId64 " tensors quantized, %" PRId64
+           " already %s, %" PRId64 " kept (row length), %" PRId64 " copied; tensor data %.2f MiB "
+           "-> %.2f MiB, %.1f s\n",
+           out, ggml_type_name(p.type), st_llama_ftype(p.type), st.n_quantized, st.n_tensors,
+           st.n_same, ggml_type_name(p.type), st.n_kept, st.n_copied, (double)st.bytes_in / mib,
+           (double)st.bytes_out / mib, secs);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -306,10 +403,11 @@ int main(int argc, char **argv) {
         return cmd_inspect(argv[2]);
     }
     if (strcmp(argv[1], "synth") == 0) return cmd_synth(argc - 2, argv + 2);
+    if (strcmp(argv[1], "quantize") == 0) return cmd_quantize(argc - 2, argv + 2);
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return 0;
     }
-    fprintf(stderr, "strata-gguf: unknown command '%s' (inspect, synth)\n", argv[1]);
+    fprintf(stderr, "strata-gguf: unknown command '%s' (inspect, synth, quantize)\n", argv[1]);
     return 2;
 }

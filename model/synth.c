@@ -12,6 +12,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "model/gguf.h"
+#include "model/quantize.h"
 
 void synth_params_default(synth_params *p) {
     *p = (synth_params){
@@ -166,19 +167,10 @@ static int fill(void *vctx, int64_t ti, int64_t row0, int64_t n_rows, void *dst,
             }
             break;
         }
-        case GGML_TYPE_Q8_0: { /* ggml quantize_row_q8_0_ref */
+        case GGML_TYPE_Q8_0: {
             float *x = c->tmp;
             for (int64_t i = 0; i < n; i++) x[i] = gen(t->key, base + i, std, t->is_norm);
-            for (int64_t b = 0; b < n / QK8_0; b++) {
-                const float *xb = x + b * QK8_0;
-                uint8_t *ob = out + b * (2 + QK8_0);
-                float amax = 0;
-                for (int i = 0; i < QK8_0; i++) amax = fmaxf(amax, fabsf(xb[i]));
-                float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-                uint16_t dh = st_f32_to_fp16(d);
-                memcpy(ob, &dh, 2);
-                for (int i = 0; i < QK8_0; i++) ob[2 + i] = (uint8_t)(int8_t)roundf(xb[i] * id);
-            }
+            st_quantize_row_q8_0(x, out, n);
             break;
         }
         default:
@@ -191,16 +183,6 @@ static int fill(void *vctx, int64_t ti, int64_t row0, int64_t n_rows, void *dst,
 /* ---- tokenizer ---- */
 
 static const char *llama_ftype_key = "general.file_type";
-
-static uint32_t llama_ftype(uint32_t dtype) {
-    switch (dtype) {
-    case GGML_TYPE_F32: return 0;  /* LLAMA_FTYPE_ALL_F32 */
-    case GGML_TYPE_F16: return 1;  /* LLAMA_FTYPE_MOSTLY_F16 */
-    case GGML_TYPE_Q8_0: return 7; /* LLAMA_FTYPE_MOSTLY_Q8_0 */
-    case GGML_TYPE_BF16: return 32; /* LLAMA_FTYPE_MOSTLY_BF16 */
-    default: return 0;
-    }
-}
 
 /* Adds tokens/scores/token_type of n_vocab entries from `src` (n_src entries;
  * scores may be NULL), padding with <unused_N>. */
@@ -386,7 +368,7 @@ int synth_write(const synth_params *p, const char *path, st_err *err) {
     snprintf(name, sizeof name, "%s", p->name ? p->name : "strata-synth");
     if (gguf_writer_set_str(w, "general.architecture", "llama", err) ||
         gguf_writer_set_str(w, "general.name", name, err) ||
-        gguf_writer_set_u32(w, llama_ftype_key, llama_ftype(p->dtype), err) ||
+        gguf_writer_set_u32(w, llama_ftype_key, (uint32_t)st_llama_ftype(p->dtype), err) ||
         gguf_writer_set_u32(w, "llama.context_length", (uint32_t)p->n_ctx, err) ||
         gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)E, err) ||
         gguf_writer_set_u32(w, "llama.block_count", (uint32_t)p->n_layer, err) ||

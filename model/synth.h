@@ -16,8 +16,8 @@
  * variates, so bounded by ±3.47 std), norm weights 1 + the same noise. They
  * depend only on (seed, tensor name, element index) — not on the layer count
  * or the order of writing — via a counter-based generator; see
- * synth_value(). Q8_0 weights are quantized from those values as ggml's
- * quantize_row_q8_0_ref does.
+ * synth_value(). Q8_0 weights are quantized from those values with
+ * st_quantize_row_q8_0 (model/quantize.h: ggml's quantize_row_q8_0_ref).
  *
  * The tokenizer is copied from another GGUF file (all tokenizer.* keys). When
  * n_vocab differs from the copied vocabulary, the token lists are padded with
