@@ -9,6 +9,7 @@
 
 #include "common/dtype.h"
 #include "compute/cpu/matmul.h"
+#include "model/quantize.h"
 #include "tests/testutil.h"
 
 static uint64_t rng = 88172645463325252ull;
@@ -24,7 +25,7 @@ static void put16(uint8_t *p, uint16_t v) {
     p[1] = (uint8_t)(v >> 8);
 }
 
-/* Encodes N×K random weights of `type` (ggml's quantizers for Q8_0/Q4_0). */
+/* Encodes N×K random weights of `type` (ggml's reference quantizers for Q8_0/Q4_0). */
 static uint8_t *make_weights(uint32_t type, int64_t K, int64_t N) {
     size_t rb = ggml_row_bytes(type, K);
     uint8_t *w = calloc((size_t)N, rb);
@@ -42,29 +43,7 @@ static uint8_t *make_weights(uint32_t type, int64_t K, int64_t N) {
             for (int64_t k = 0; k < K; k++) put16(d + 2 * k, st_f32_to_bf16(row[k]));
             break;
         case GGML_TYPE_Q8_0:
-            for (int64_t b = 0; b < K / 32; b++, d += 34) {
-                float amax = 0;
-                for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(row[b * 32 + i]));
-                float s = amax / 127.0f, id = s ? 1.0f / s : 0;
-                put16(d, st_f32_to_fp16(s));
-                for (int i = 0; i < 32; i++) d[2 + i] = (uint8_t)(int8_t)roundf(row[b * 32 + i] * id);
-            }
-            break;
-        case GGML_TYPE_Q4_0:
-            for (int64_t b = 0; b < K / 32; b++, d += 18) {
-                float amax = 0, mx = 0;
-                for (int i = 0; i < 32; i++)
-                    if (fabsf(row[b * 32 + i]) > amax) amax = fabsf(row[b * 32 + i]), mx = row[b * 32 + i];
-                float s = mx / -8.0f, id = s ? 1.0f / s : 0;
-                put16(d, st_f32_to_fp16(s));
-                for (int i = 0; i < 16; i++) {
-                    int q0 = (int)(row[b * 32 + i] * id + 8.5f), q1 = (int)(row[b * 32 + 16 + i] * id + 8.5f);
-                    q0 = q0 > 15 ? 15 : q0 < 0 ? 0 : q0;
-                    q1 = q1 > 15 ? 15 : q1 < 0 ? 0 : q1;
-                    d[2 + i] = (uint8_t)(q0 | (q1 << 4));
-                }
-            }
-            break;
+        case GGML_TYPE_Q4_0: st_quantize_row(type, row, d, K); break;
         }
     }
     free(row);

@@ -14,6 +14,7 @@
 #include "model/kv.h"
 #include "tests/engine/ref.h"
 #include "tests/testutil.h"
+#include "tests/simd_level.h"
 
 static stage *open_stage(int first, int last, int tp) {
     stage_params p = {.model_path = test_shared_path("models/stories260K.gguf"),
@@ -49,6 +50,7 @@ static void check_delta(stage *s, uint64_t *ar, uint64_t *ag, int d_ar, int d_ag
 }
 
 int main(void) {
+    test_simd_level_or_skip();
     int n = 0;
     ref_case *cs = ref_load(test_shared_path("reference/stories260K-greedy.json"), &n);
     REQUIRE(n == 10);
