@@ -199,66 +199,68 @@ AI __m256i totals8(const __m256i p[8]) {
                             _mm256_permute2x128_si256(h0123, h4567, 0x31));
 }
 
-/* One weight row × NT token rows: acc lane j collects blocks b with b % 8 == j. */
-AI void dot_q8(const uint8_t *wr, const int8_t *xq, const float *xd, int64_t nb, int64_t K, const int NT,
-               float *out) {
-    __m256 acc[4];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-        const int ng = nb - b0 < 8 ? (int)(nb - b0) : 8;
+/* 8 weight-block scales (f16 at a 34-byte stride) as f32. */
+AI __m256 scales8(const uint8_t *b) {
+    __m128i h = _mm_setzero_si128();
+    uint16_t v;
+#define ST_SCALE(j) memcpy(&v, b + (j) * (2 + QK8_0), 2), h = _mm_insert_epi16(h, v, j)
+    ST_SCALE(0); ST_SCALE(1); ST_SCALE(2); ST_SCALE(3);
+    ST_SCALE(4); ST_SCALE(5); ST_SCALE(6); ST_SCALE(7);
+#undef ST_SCALE
+    return _mm256_cvtph_ps(h);
+}
+
+/* One weight row · one token row; acc lane j collects blocks b with
+ * b % 8 == j. Full groups of 8 blocks run unrolled; a last partial group
+ * pads with zero blocks (isum 0, scale 0: the lane is unchanged). */
+AI float dot_q8(const uint8_t *wr, const int8_t *xq, const float *xd, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8, wr += 8 * (2 + QK8_0)) {
         _mm_prefetch((const char *)wr + PF_DIST, _MM_HINT_T0);
         _mm_prefetch((const char *)wr + PF_DIST + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)wr + PF_DIST + 128, _MM_HINT_T0);
         _mm_prefetch((const char *)wr + PF_DIST + 192, _MM_HINT_T0);
-        __m256i wq[8], wabs[8];
-        uint16_t dh[8] = {0};
-        for (int j = 0; j < ng; j++) {
-            const uint8_t *blk = wr + (size_t)j * (2 + QK8_0);
-            memcpy(&dh[j], blk, 2);
-            wq[j] = _mm256_loadu_si256((const __m256i *)(blk + 2));
-            wabs[j] = _mm256_sign_epi8(wq[j], wq[j]);
+        _mm_prefetch((const char *)wr + PF_DIST + 256, _MM_HINT_T0);
+        __m256i p[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i wq = _mm256_loadu_si256((const __m256i *)(wr + j * (2 + QK8_0) + 2));
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (b0 + j) * QK8_0));
+            p[j] = block_dot(_mm256_sign_epi8(wq, wq), wq, xv);
         }
-        for (int j = ng; j < 8; j++) wq[j] = wabs[j] = _mm256_setzero_si256();
-        __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-        for (int t = 0; t < NT; t++) {
-            const int8_t *xb = xq + t * K + b0 * QK8_0;
-            __m256i p[8];
-            for (int j = 0; j < ng; j++)
-                p[j] = block_dot(wabs[j], wq[j], _mm256_loadu_si256((const __m256i *)(xb + j * QK8_0)));
-            for (int j = ng; j < 8; j++) p[j] = _mm256_setzero_si256();
-            __m256 xs;
-            if (ng == 8) {
-                xs = _mm256_loadu_ps(xd + t * nb + b0);
-            } else {
-                float tmp[8] = {0};
-                memcpy(tmp, xd + t * nb + b0, sizeof(float) * (size_t)ng);
-                xs = _mm256_loadu_ps(tmp);
-            }
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8(p)), _mm256_mul_ps(wd, xs), acc[t]);
-        }
-        wr += (size_t)ng * (2 + QK8_0);
+        __m256 dd = _mm256_mul_ps(scales8(wr), _mm256_loadu_ps(xd + b0));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8(p)), dd, acc);
     }
-    for (int t = 0; t < NT; t++) out[t] = reduce16(acc[t], _mm256_setzero_ps());
+    if (b0 < nb) {
+        const int ng = (int)(nb - b0);
+        __m256i p[8];
+        uint8_t wpad[8 * (2 + QK8_0)] = {0};
+        float xs[8] = {0};
+        memcpy(wpad, wr, (size_t)ng * (2 + QK8_0));
+        memcpy(xs, xd + b0, sizeof(float) * (size_t)ng);
+        for (int j = 0; j < 8; j++) {
+            if (j < ng) {
+                __m256i wq = _mm256_loadu_si256((const __m256i *)(wpad + j * (2 + QK8_0) + 2));
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (b0 + j) * QK8_0));
+                p[j] = block_dot(_mm256_sign_epi8(wq, wq), wq, xv);
+            } else {
+                p[j] = _mm256_setzero_si256();
+            }
+        }
+        __m256 dd = _mm256_mul_ps(scales8(wpad), _mm256_loadu_ps(xs));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8(p)), dd, acc);
+    }
+    return reduce16(acc, _mm256_setzero_ps());
 }
 
+/* Row by row; a row (K/32 blocks) stays in L1 while the T token rows pass. */
 void cpu_matvec_q8_avx2(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd,
-                          int64_t T, int64_t K, float *y, int64_t ldy) {
+                        int64_t T, int64_t K, float *y, int64_t ldy) {
     const int64_t nb = K / QK8_0;
-    float o[4];
     for (int64_t r = 0; r < nrows; r++) {
         const uint8_t *wr = w + (size_t)r * rb;
-        for (int64_t t0 = 0; t0 < T; t0 += 4) {
-            int64_t nt = T - t0 < 4 ? T - t0 : 4;
-            const int8_t *xt = xq + t0 * K;
-            const float *dt = xd + t0 * nb;
-            switch (nt) {
-            case 4: dot_q8(wr, xt, dt, nb, K, 4, o); break;
-            case 3: dot_q8(wr, xt, dt, nb, K, 3, o); break;
-            case 2: dot_q8(wr, xt, dt, nb, K, 2, o); break;
-            default: dot_q8(wr, xt, dt, nb, K, 1, o); break;
-            }
-            for (int64_t t = 0; t < nt; t++) y[(t0 + t) * ldy + r] = o[t];
-        }
+        for (int64_t t = 0; t < T; t++) y[t * ldy + r] = dot_q8(wr, xq + t * K, xd + t * nb, nb);
     }
 }
 
@@ -343,11 +345,11 @@ static void av2_gemm(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *
             int64_t kc = K - k0 < CPU_GEMM_KC ? K - k0 : CPU_GEMM_KC;
             av2_to_f32(a->wtype, a->w + (size_t)nb0 * a->rb, a->rb, nb, k0, kc, wc, kc);
             memset(wc + nb * kc, 0, sizeof(float) * (size_t)((nbp - nb) * kc));
-            for (int64_t t0 = 0; t0 < Tp; t0 += 16) {
-                const float *B = a->xp + k0 * Tp + t0;
-                for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR)
-                    micro16(kc, wc + m0 * kc, kc, B, Tp, cbuf + m0 * Tp + t0, Tp, k0 == 0);
-            }
+            /* Row groups outer: a group's 6 converted rows stay in L1
+             * while the token tiles pass under them. */
+            for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR)
+                for (int64_t t0 = 0; t0 < Tp; t0 += 16)
+                    micro16(kc, wc + m0 * kc, kc, a->xp + k0 * Tp + t0, Tp, cbuf + m0 * Tp + t0, Tp, k0 == 0);
         }
         for (int64_t t = 0; t < a->T; t++) {
             float *yt = a->y + t * a->N + nb0;
