@@ -42,7 +42,7 @@ static pthread_once_t mm_once = PTHREAD_ONCE_INIT;
 static int mm_best = CPU_SIMD_SCALAR;
 static atomic_int mm_level = CPU_SIMD_SCALAR;
 static atomic_int mm_blas_gemm = 0;
-static int mm_matvec_max_t = CPU_MATVEC_MAX_T;
+static atomic_int mm_matvec_max_t = CPU_MATVEC_MAX_T;
 
 static const char *level_names[] = {"scalar", "avx2", "avx512"};
 
@@ -99,7 +99,12 @@ int cpu_matmul_set_level(const char *level, st_err *err) {
 
 int cpu_matmul_matvec_max_t(void) {
     pthread_once(&mm_once, mm_init);
-    return mm_matvec_max_t;
+    return atomic_load(&mm_matvec_max_t);
+}
+
+void cpu_matmul_set_matvec_max_t(int t) {
+    pthread_once(&mm_once, mm_init);
+    atomic_store(&mm_matvec_max_t, t >= 1 ? t : 1);
 }
 
 void cpu_matmul_set_blas_gemm(int on) {
@@ -242,7 +247,8 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     int nth = st_pool_size(pool);
     mm_job j = {.kn = kn, .y = y, .x = x, .w = w, .wtype = wtype, .T = T, .K = K, .N = N, .rb = rb};
 
-    if (T < mm_matvec_max_t && wtype == GGML_TYPE_Q8_0) {
+    const int matvec = T < atomic_load(&mm_matvec_max_t);
+    if (matvec && wtype == GGML_TYPE_Q8_0) {
         int8_t *xq = malloc((size_t)(T * K));
         float *xd = malloc(sizeof(float) * (size_t)(T * K / QK8_0));
         if (!xq || !xd) {
@@ -259,7 +265,7 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
         return 0;
     }
 
-    if (T < mm_matvec_max_t) {
+    if (matvec) {
         if (lv == CPU_SIMD_SCALAR) {
             j.scratch_n = (size_t)K;
             j.scratch = malloc(sizeof(float) * j.scratch_n * (size_t)nth);

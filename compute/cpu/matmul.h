@@ -33,6 +33,11 @@ int cpu_matmul_set_level(const char *level, st_err *err);
  * STRATA_MATVEC_MAX_T), else the GEMM. */
 int cpu_matmul_matvec_max_t(void);
 
+/* Sets that threshold for the whole process (tests and benchmarks, like
+ * cpu_matmul_set_level). 1 sends every call to the GEMM, which is also the
+ * dequantized-float path for Q8_0 weights. */
+void cpu_matmul_set_matvec_max_t(int t);
+
 /* Quantizes n floats (a multiple of 32) to Q8_0 blocks as ggml's AVX2
  * quantize_row_q8_0 does: per block of 32, amax = max |x|, scale
  * d[b] = f16(amax / 127) (stored widened to f32), q = round-half-even(x * 127 / amax)
