@@ -7,7 +7,8 @@
  *  - Scores: 8 positions at a time (within one KV block), one lane each; the
  *    lane accumulates q[i] * k[i] over i = 0.. in order (K gathered, stride
  *    kv_stride). An F16 cache is first widened (exactly) into a small f32 tile.
- *  - Softmax: expf and the double sum stay scalar (libm's expf, same order).
+ *  - Softmax: expf 8 lanes at a time (vexpf_avx2.h, bit-identical to
+ *    libm's), the double sum scalar and in order.
  *  - Weighted V sum: 8 head dims at a time, positions in order.
  * Tails (fewer than 8 positions or dims) run the scalar expressions.
  */
@@ -16,6 +17,7 @@
 
 #include "common/dtype.h"
 #include "compute/cpu/ops.h"
+#include "compute/cpu/vexpf_avx2.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -55,11 +57,12 @@ AI void scores_block(float *s, const float *q, const float *kb, int64_t kv_strid
 
 /* exp and normalization, as ops.c: returns 1 / sum. */
 AI float softmax_exp(float *s, int32_t n_pos, float mx) {
+    const __m256 vmx = _mm256_set1_ps(mx);
+    int32_t p = 0;
+    for (; p + 8 <= n_pos; p += 8) _mm256_storeu_ps(s + p, st_vexpf8(_mm256_sub_ps(_mm256_loadu_ps(s + p), vmx)));
+    for (; p < n_pos; p++) s[p] = expf(s[p] - mx);
     double sum = 0.0;
-    for (int32_t p = 0; p < n_pos; p++) {
-        s[p] = expf(s[p] - mx);
-        sum += (double)s[p];
-    }
+    for (p = 0; p < n_pos; p++) sum += (double)s[p];
     return (float)(1.0 / sum);
 }
 
@@ -171,4 +174,23 @@ void ops_attend_head_f16_avx2(float *out, const float *q, const uint16_t *kcache
             const uint16_t *v = vcache + ((int64_t)block_table[p / bs] * bs + p % bs) * kv_stride + kv_off;
             for (int i = i0; i < head_dim; i++) out[i] += s[p] * st_fp16_to_f32(v[i]);
         }
+}
+
+/* out[i] = (g / (1 + expf(-g))) * up[i], as ops_swiglu_scalar (same roundings). */
+void ops_swiglu_avx2(float *out, const float *gate, const float *up, int64_t i0, int64_t i1) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = st_vexpf8(_mm256_xor_ps(g, sign));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    if (i < i1) ops_swiglu_scalar(out, gate, up, i, i1);
+}
+
+/* y[i] = expf(x[i]) (bit-identical to libm's; for tests and benches). */
+void ops_expf_avx2(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, st_vexpf8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = expf(x[i]);
 }

@@ -162,8 +162,11 @@ void ops_swiglu_scalar(float *out, const float *gate, const float *up, int64_t i
 }
 
 void ops_swiglu(float *out, const float *gate, const float *up, int64_t i0, int64_t i1) {
-    if (strcmp(cpu_simd_level(), "avx512") == 0)
+    const char *lv = cpu_simd_level();
+    if (strcmp(lv, "avx512") == 0)
         ops_swiglu_avx512(out, gate, up, i0, i1);
+    else if (strcmp(lv, "avx2") == 0)
+        ops_swiglu_avx2(out, gate, up, i0, i1);
     else
         ops_swiglu_scalar(out, gate, up, i0, i1);
 }

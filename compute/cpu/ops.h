@@ -50,12 +50,16 @@ OPS_ATTN_DECL(ops_attend_head_f16_avx2, uint16_t);
 OPS_ATTN_DECL(ops_attend_head_f16_avx512, uint16_t);
 
 /* out[i] = silu(gate[i]) * up[i] for i in [i0, i1). Dispatches at run time
- * to ops_swiglu_avx512 (bit-identical: same roundings, libm-exact expf). */
+ * to ops_swiglu_avx2 / _avx512 (bit-identical: same roundings, libm-exact
+ * expf). */
 void ops_swiglu(float *out, const float *gate, const float *up, int64_t i0, int64_t i1);
 void ops_swiglu_scalar(float *out, const float *gate, const float *up, int64_t i0, int64_t i1);
+void ops_swiglu_avx2(float *out, const float *gate, const float *up, int64_t i0, int64_t i1);
 void ops_swiglu_avx512(float *out, const float *gate, const float *up, int64_t i0, int64_t i1);
-/* y[i] = expf(x[i]) for i < n, 16 lanes at a time, bit-identical to glibc's
- * expf (vexpf_avx512.h). AVX-512 F+BW+VL only. */
+/* y[i] = expf(x[i]) for i < n, 8 or 16 lanes at a time, bit-identical to
+ * glibc's expf (vexpf_avx2.h, vexpf_avx512.h). AVX2+FMA / AVX-512 F+BW+VL
+ * only. */
+void ops_expf_avx2(float *y, const float *x, int64_t n);
 void ops_expf_avx512(float *y, const float *x, int64_t n);
 
 /* y[i] += x[i] for i in [i0, i1). */
