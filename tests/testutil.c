@@ -1,6 +1,10 @@
 /* testutil.c — see testutil.h. */
 #include "tests/testutil.h"
 
+#include <math.h>
+
+#include "common/dtype.h"
+
 #include <sys/stat.h>
 
 int test_failures = 0;
@@ -55,4 +59,13 @@ char *test_read_file(const char *path, size_t *len_out) {
 int test_summary(void) {
     fprintf(stderr, "%d checks, %d failures\n", test_checks, test_failures);
     return test_failures ? 1 : 0;
+}
+
+void test_q8_activation_error(const float *x, long n, float *e) {
+    for (long b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        const float d = amax / 127.0f, D = st_fp16_to_f32(st_f32_to_fp16(d));
+        for (int j = 0; j < 32; j++) e[b * 32 + j] = d / 2 + 127 * fabsf(d - D) + 1e-6f;
+    }
 }

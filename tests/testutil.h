@@ -91,6 +91,14 @@ extern int test_checks;
  * buffer per call slot (up to 8 live results). */
 const char *test_shared_path(const char *rel);
 
+/* Bound on how far quantizing activations to Q8_0 (cpu_quantize_q8, as
+ * llama.cpp's matvec does) moves each of the n values of x (n a multiple of
+ * 32): e[i] = d/2 + 127 |d - D| + 1e-6 for the 32-block of i, with
+ * d = amax/127 and D its f16 rounding (|x - q D| <= |x - q d| + |q| |d - D|;
+ * 1e-6 covers the rounding of x * 127/amax). A product with weights w then
+ * moves by at most sum_k |w_k| e_k. */
+void test_q8_activation_error(const float *x, long n, float *e);
+
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); exits on error. */
 char *test_read_file(const char *path, size_t *len_out);
 

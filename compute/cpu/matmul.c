@@ -180,13 +180,41 @@ static void run_pack(void *p, int ith, int nth) {
     }
 }
 
+/* The own GEMM over weight rows [n_lo, n_hi): tiles of CPU_GEMM_NB rows ×
+ * CPU_GEMM_KC columns converted to f32 (wc, zero rows padding to a multiple
+ * of MR), the level's micro-kernel over MR-row groups (outer: a group's rows
+ * stay in L1) and token tiles (inner); partial sums stay in cbuf between
+ * column tiles, so each output is one sequential FMA sum over k. */
+static void gemm_rows(const cpu_kernels *kn, const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc,
+                      float *cbuf) {
+    const int64_t K = a->K, Tp = a->Tp;
+    for (int64_t nb0 = n_lo; nb0 < n_hi; nb0 += CPU_GEMM_NB) {
+        const int64_t nb = n_hi - nb0 < CPU_GEMM_NB ? n_hi - nb0 : CPU_GEMM_NB;
+        const int64_t nbp = (nb + CPU_GEMM_MR - 1) / CPU_GEMM_MR * CPU_GEMM_MR;
+        for (int64_t k0 = 0; k0 < K; k0 += CPU_GEMM_KC) {
+            const int64_t kc = K - k0 < CPU_GEMM_KC ? K - k0 : CPU_GEMM_KC;
+            kn->to_f32(a->wtype, a->w + (size_t)nb0 * a->rb, a->rb, nb, k0, kc, wc, kc);
+            memset(wc + nb * kc, 0, sizeof(float) * (size_t)((nbp - nb) * kc));
+            for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR)
+                for (int64_t t0 = 0; t0 < Tp; t0 += kn->gemm_tokens) {
+                    const int nt = Tp - t0 < kn->gemm_tokens ? (int)(Tp - t0) : kn->gemm_tokens;
+                    kn->micro(kc, wc + m0 * kc, kc, a->xp + k0 * Tp + t0, Tp, cbuf + m0 * Tp + t0, Tp, k0 == 0, nt);
+                }
+        }
+        for (int64_t t = 0; t < a->T; t++) {
+            float *yt = a->y + t * a->N + nb0;
+            for (int64_t n = 0; n < nb; n++) yt[n] = cbuf[n * Tp + t];
+        }
+    }
+}
+
 static void run_own_gemm(void *p, int ith, int nth) {
     mm_job *j = p;
     long lo, hi;
     st_split_range((long)j->N, ith, nth, &lo, &hi);
     if (hi <= lo) return;
     float *wc = j->scratch + (size_t)ith * j->scratch_n;
-    j->kn->gemm(&j->g, lo, hi, wc, wc + CPU_GEMM_NB * CPU_GEMM_KC);
+    gemm_rows(j->kn, &j->g, lo, hi, wc, wc + CPU_GEMM_NB * CPU_GEMM_KC);
 }
 
 static void run_blas_gemm(void *p, int ith, int nth) {

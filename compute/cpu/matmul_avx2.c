@@ -11,7 +11,7 @@
  *    Q8_0-quantized activations (maddubs + madd, as ggml's AVX2 code),
  *    8 blocks' totals at a time into the 8 block accumulators;
  *  - GEMM: a 6-row × 16-token register-blocked micro-kernel, each output a
- *    sequential FMA sum over k (as matmul_avx512.c's).
+ *    sequential FMA sum over k (as matmul_avx512.c's; matmul.c tiles).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -316,7 +316,8 @@ static void av2_to_f32(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrow
 /* C[i][t] (+)= sum_k A[i][k] * B[k][t] for i < MR, t < 16: 12 ymm
  * accumulators, sequential FMAs over k. */
 static void micro16(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
-                    int64_t ldc, int first) {
+                    int64_t ldc, int first, int nt) {
+    (void)nt; /* always 16 (gemm_tokens) */
     __m256 c[CPU_GEMM_MR][2];
 #pragma GCC unroll 6
     for (int i = 0; i < CPU_GEMM_MR; i++)
@@ -336,26 +337,4 @@ static void micro16(int64_t kc, const float *A, int64_t lda, const float *B, int
         for (int v = 0; v < 2; v++) _mm256_store_ps(C + i * ldc + 8 * v, c[i][v]);
 }
 
-static void av2_gemm(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc, float *cbuf) {
-    const int64_t K = a->K, Tp = a->Tp;
-    for (int64_t nb0 = n_lo; nb0 < n_hi; nb0 += CPU_GEMM_NB) {
-        int64_t nb = n_hi - nb0 < CPU_GEMM_NB ? n_hi - nb0 : CPU_GEMM_NB;
-        int64_t nbp = (nb + CPU_GEMM_MR - 1) / CPU_GEMM_MR * CPU_GEMM_MR;
-        for (int64_t k0 = 0; k0 < K; k0 += CPU_GEMM_KC) {
-            int64_t kc = K - k0 < CPU_GEMM_KC ? K - k0 : CPU_GEMM_KC;
-            av2_to_f32(a->wtype, a->w + (size_t)nb0 * a->rb, a->rb, nb, k0, kc, wc, kc);
-            memset(wc + nb * kc, 0, sizeof(float) * (size_t)((nbp - nb) * kc));
-            /* Row groups outer: a group's 6 converted rows stay in L1
-             * while the token tiles pass under them. */
-            for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR)
-                for (int64_t t0 = 0; t0 < Tp; t0 += 16)
-                    micro16(kc, wc + m0 * kc, kc, a->xp + k0 * Tp + t0, Tp, cbuf + m0 * Tp + t0, Tp, k0 == 0);
-        }
-        for (int64_t t = 0; t < a->T; t++) {
-            float *yt = a->y + t * a->N + nb0;
-            for (int64_t n = 0; n < nb; n++) yt[n] = cbuf[n * Tp + t];
-        }
-    }
-}
-
-const cpu_kernels cpu_kernels_avx2 = {"avx2", av2_matvec, cpu_matvec_q8_avx2, av2_to_f32, av2_gemm};
+const cpu_kernels cpu_kernels_avx2 = {"avx2", av2_matvec, cpu_matvec_q8_avx2, av2_to_f32, micro16, 16};

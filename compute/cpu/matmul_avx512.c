@@ -321,52 +321,14 @@ AI void micro(const int NV, int64_t kc, const float *A, int64_t lda, const float
         for (int v = 0; v < NV; v++) _mm512_store_ps(C + i * ldc + 16 * v, c[i][v]);
 }
 
-static void micro4(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
-                   int64_t ldc, int first) {
-    micro(4, kc, A, lda, B, ldb, C, ldc, first);
-}
-static void micro3(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
-                   int64_t ldc, int first) {
-    micro(3, kc, A, lda, B, ldb, C, ldc, first);
-}
-static void micro2(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
-                   int64_t ldc, int first) {
-    micro(2, kc, A, lda, B, ldb, C, ldc, first);
-}
-static void micro1(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
-                   int64_t ldc, int first) {
-    micro(1, kc, A, lda, B, ldb, C, ldc, first);
-}
-
-static void av5_gemm(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc, float *cbuf) {
-    const int64_t K = a->K, Tp = a->Tp;
-    for (int64_t nb0 = n_lo; nb0 < n_hi; nb0 += CPU_GEMM_NB) {
-        int64_t nb = n_hi - nb0 < CPU_GEMM_NB ? n_hi - nb0 : CPU_GEMM_NB;
-        int64_t nbp = (nb + CPU_GEMM_MR - 1) / CPU_GEMM_MR * CPU_GEMM_MR;
-        for (int64_t k0 = 0; k0 < K; k0 += CPU_GEMM_KC) {
-            int64_t kc = K - k0 < CPU_GEMM_KC ? K - k0 : CPU_GEMM_KC;
-            av5_to_f32(a->wtype, a->w + (size_t)nb0 * a->rb, a->rb, nb, k0, kc, wc, kc);
-            memset(wc + nb * kc, 0, sizeof(float) * (size_t)((nbp - nb) * kc));
-            for (int64_t t0 = 0; t0 < Tp; t0 += 64) {
-                int64_t nv = (Tp - t0) / 16 < 4 ? (Tp - t0) / 16 : 4;
-                const float *B = a->xp + k0 * Tp + t0;
-                for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR) {
-                    const float *A = wc + m0 * kc;
-                    float *C = cbuf + m0 * Tp + t0;
-                    switch (nv) {
-                    case 4: micro4(kc, A, kc, B, Tp, C, Tp, k0 == 0); break;
-                    case 3: micro3(kc, A, kc, B, Tp, C, Tp, k0 == 0); break;
-                    case 2: micro2(kc, A, kc, B, Tp, C, Tp, k0 == 0); break;
-                    default: micro1(kc, A, kc, B, Tp, C, Tp, k0 == 0); break;
-                    }
-                }
-            }
-        }
-        for (int64_t t = 0; t < a->T; t++) {
-            float *yt = a->y + t * a->N + nb0;
-            for (int64_t n = 0; n < nb; n++) yt[n] = cbuf[n * Tp + t];
-        }
+static void av5_micro(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                      int64_t ldc, int first, int nt) {
+    switch (nt / 16) {
+    case 4: micro(4, kc, A, lda, B, ldb, C, ldc, first); break;
+    case 3: micro(3, kc, A, lda, B, ldb, C, ldc, first); break;
+    case 2: micro(2, kc, A, lda, B, ldb, C, ldc, first); break;
+    default: micro(1, kc, A, lda, B, ldb, C, ldc, first); break;
     }
 }
 
-const cpu_kernels cpu_kernels_avx512 = {"avx512", av5_matvec, cpu_matvec_q8_avx2, av5_to_f32, av5_gemm};
+const cpu_kernels cpu_kernels_avx512 = {"avx512", av5_matvec, cpu_matvec_q8_avx2, av5_to_f32, av5_micro, 64};

@@ -81,26 +81,15 @@ static void sc_to_f32(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows
     for (int64_t r = 0; r < nrows; r++) st_dequant_row(wtype, w + (size_t)r * rb + off, dst + r * ldd, kc);
 }
 
-/* The canonical GEMM: sequential fmaf over k per output. Tiles of
- * CPU_GEMM_NB rows × CPU_GEMM_KC columns are converted to f32 (wc) and the
- * partial sums kept in cbuf between tiles, as the SIMD levels do. */
-static void sc_gemm(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc, float *cbuf) {
-    const int64_t K = a->K, Tp = a->Tp;
-    for (int64_t nb0 = n_lo; nb0 < n_hi; nb0 += CPU_GEMM_NB) {
-        const int64_t nb = n_hi - nb0 < CPU_GEMM_NB ? n_hi - nb0 : CPU_GEMM_NB;
-        for (int64_t k0 = 0; k0 < K; k0 += CPU_GEMM_KC) {
-            const int64_t kc = K - k0 < CPU_GEMM_KC ? K - k0 : CPU_GEMM_KC;
-            sc_to_f32(a->wtype, a->w + (size_t)nb0 * a->rb, a->rb, nb, k0, kc, wc, kc);
-            for (int64_t n = 0; n < nb; n++)
-                for (int64_t t = 0; t < a->T; t++) {
-                    float s = k0 == 0 ? 0.0f : cbuf[n * Tp + t];
-                    for (int64_t k = 0; k < kc; k++) s = fmaf(wc[n * kc + k], a->xp[(k0 + k) * Tp + t], s);
-                    cbuf[n * Tp + t] = s;
-                }
+/* The canonical GEMM micro-kernel: sequential fmaf over k per output. */
+static void sc_micro(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
+                     int first, int nt) {
+    for (int i = 0; i < CPU_GEMM_MR; i++)
+        for (int t = 0; t < nt; t++) {
+            float s = first ? 0.0f : C[i * ldc + t];
+            for (int64_t k = 0; k < kc; k++) s = fmaf(A[i * lda + k], B[k * ldb + t], s);
+            C[i * ldc + t] = s;
         }
-        for (int64_t t = 0; t < a->T; t++)
-            for (int64_t n = 0; n < nb; n++) a->y[t * a->N + nb0 + n] = cbuf[n * Tp + t];
-    }
 }
 
-const cpu_kernels cpu_kernels_scalar = {"scalar", sc_matvec, sc_matvec_q8, sc_to_f32, sc_gemm};
+const cpu_kernels cpu_kernels_scalar = {"scalar", sc_matvec, sc_matvec_q8, sc_to_f32, sc_micro, 16};

@@ -43,7 +43,7 @@ enum cpu_simd { CPU_SIMD_SCALAR = 0, CPU_SIMD_AVX2 = 1, CPU_SIMD_AVX512 = 2 };
 #define CPU_GEMM_KC 128 /* multiple of 32 (the Q8_0/Q4_0 block) */
 #define CPU_GEMM_TC 256 /* tokens per packed chunk of x */
 
-/* Arguments of the own GEMM for one chunk of tokens: y[t*N + n] =
+/* Arguments of the own GEMM (matmul.c) for one chunk of tokens: y[t*N + n] =
  * sum_k xp[k*Tp + t] * W[n][k] for t < T; xp holds x transposed, its token
  * dimension padded with zeros to Tp (a multiple of 16). */
 typedef struct {
@@ -71,10 +71,13 @@ typedef struct {
      * multiples of the type's block size (kc may end at K). */
     void (*to_f32)(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, int64_t k0,
                    int64_t kc, float *dst, int64_t ldd);
-    /* Own GEMM over weight rows [n_lo, n_hi).
-     * wc: CPU_GEMM_NB*CPU_GEMM_KC floats, cbuf: CPU_GEMM_NB*Tp floats, both
-     * 64-byte aligned, private to the calling thread. */
-    void (*gemm)(const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc, float *cbuf);
+    /* The GEMM micro-kernel (matmul.c's gemm_rows drives it over tiles):
+     * C[i*ldc + t] = (first ? 0 : C[i*ldc + t]) + sum_{k < kc} A[i*lda + k] * B[k*ldb + t]
+     * for i < CPU_GEMM_MR, t < nt, as sequential FMAs over k. nt is a
+     * multiple of 16 up to gemm_tokens; B and C rows are 64-byte aligned. */
+    void (*micro)(int64_t kc, const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc,
+                  int first, int nt);
+    int gemm_tokens;
 } cpu_kernels;
 
 extern const cpu_kernels cpu_kernels_scalar;

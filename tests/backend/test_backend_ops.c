@@ -176,18 +176,13 @@ static void matmul_case(tctx *t, uint32_t type, int64_t T, int64_t K, int64_t N,
     float *y = xmalloc((size_t)(T * N) * sizeof(float));
     to_host(t, y, dy, (size_t)(T * N) * sizeof(float));
     /* Q8_0 weights: a backend may quantize the activations to Q8_0 as well
-     * (the CPU backend does, as llama.cpp). Per element that moves x by at
-     * most e = d/2 + 127 |d - D| (+ 1e-6 for the rounding of x * 127/amax),
-     * with d = amax/127 of x's 32-block and D its f16 rounding, so the
-     * output may move by sum_k |w_k| e_k more than the f32 error. */
+     * (the CPU backend does, as llama.cpp), which moves the output by at most
+     * sum_k |w_k| e_k more than the f32 error (test_q8_activation_error). */
     float *xerr = xmalloc((size_t)(T * K) * sizeof(float));
-    for (int64_t b = 0; b < T * K / 32 * (type == GGML_TYPE_Q8_0); b++) {
-        float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
-        const float d = amax / 127.0f, D = st_fp16_to_f32(st_f32_to_fp16(d));
-        for (int i = 0; i < 32; i++) xerr[b * 32 + i] = d / 2 + 127 * fabsf(d - D) + 1e-6f;
-    }
-    if (type != GGML_TYPE_Q8_0) memset(xerr, 0, (size_t)(T * K) * sizeof(float));
+    if (type == GGML_TYPE_Q8_0)
+        test_q8_activation_error(x, (long)(T * K), xerr);
+    else
+        memset(xerr, 0, (size_t)(T * K) * sizeof(float));
     int bad = 0;
     for (int64_t tt = 0; tt < T && !bad; tt++)
         for (int64_t n = 0; n < N; n++) {

@@ -71,12 +71,7 @@ static void check_matrices(const char *path) {
             float *x = malloc(sizeof(float) * (size_t)(T * K)), *y = malloc(sizeof(float) * (size_t)(T * N));
             float *e = malloc(sizeof(float) * (size_t)(T * K));
             for (int64_t k = 0; k < T * K; k++) x[k] = frand() * (k % 7 == 0 ? 4.0f : 1.0f);
-            for (int64_t b = 0; b < T * K / 32; b++) {
-                float amax = 0;
-                for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
-                const float d = amax / 127.0f, D = st_fp16_to_f32(st_f32_to_fp16(d));
-                for (int j = 0; j < 32; j++) e[b * 32 + j] = d / 2 + 127 * fabsf(d - D) + 1e-6f;
-            }
+            test_q8_activation_error(x, (long)(T * K), e);
             REQUIRE_MSG(cpu_matmul(NULL, y, x, t->data, GGML_TYPE_Q8_0, T, K, N, &err) == 0, "%s", err.msg);
             int bad = 0;
             for (int64_t tt = 0; tt < T; tt++)
