@@ -116,6 +116,7 @@ if env and simd != env: note += f" (ignored: best here is {best})"
 print(f"# Strata vs llama.cpp: pp64 / tg32, {threads} threads, median of {rounds} rounds")
 print(f"CPU: {cpu} ({os.cpu_count()} CPUs); Strata SIMD: {simd} ({note})")
 print(f"strata-bench: {sb}; llama-bench: {lb}")
+print(f"load average at start: {open('/proc/loadavg').read().split()[0]} (other processes skew both engines)")
 PY
 
 for i in "${!models[@]}"; do
@@ -152,4 +153,6 @@ for i, model in enumerate(models):
     for fig in ("pp64", "tg32"):
         sm, lm = statistics.median(s[fig]), statistics.median(l[fig])
         print(f"| {fig} | {sm:.2f} | {lm:.2f} | {sm / lm:.2f} |")
+print()
+print(f"load average at end: {open('/proc/loadavg').read().split()[0]}")
 PY
