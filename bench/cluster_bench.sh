@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cluster_bench.sh — issue 5's speed figures (a benchmark: figures, not pass/fail).
 #
-#   bench/cluster_bench.sh [--gen N] [--build DIR] [--model FILE] [--microbatch-only]
+#   bench/cluster_bench.sh [--gen N] [--build DIR] [--model FILE] [--microbatch-only | --hop-only]
 #
 # 0. micro-batching on stories260K (../shared/models, or $STRATA_SHARED/models):
 #    a PP 2 cluster (TP 1, 1 thread per worker) serving greedy completions of
@@ -21,11 +21,16 @@
 #     (tokens after the first / time from the first to the last token);
 #  2. throughput with 8 sequences: strata-bench --batch 8 vs 8 concurrent
 #     completions on the cluster (aggregate decode tok/s);
-#  3. per-hop activation latency: the cluster's mean micro-batch round trip
-#     (coordinator -> stage 0 -> stage 1 -> coordinator) minus both stages'
-#     mean forward time, over its 3 hops; next to strata-bench-xport's one-hop
-#     latency and ucx_perftest's (ucp_am_lat) at the activation size of one
-#     token (n_embd x 4 bytes, f32).
+#  3. per-hop activation latency, from the 1-sequence run: each decode
+#     micro-batch's round trip (coordinator -> stage 0 -> stage 1 ->
+#     coordinator; GET /v1/stages batch_intervals) minus the forwards both
+#     stages ran inside it (forward_intervals), over its 3 hops; median and
+#     mean over the batches. Next to strata-bench-xport's one-hop latency and
+#     ucx_perftest's (ucp_am_lat, polling, and -E sleep: a receiver that
+#     sleeps as ours do) at the activation size of one token (n_embd x 4
+#     bytes, f32), and the ratio to ucx_perftest's polling figure (medians:
+#     both are one-way; on a shared machine means follow preemptions).
+# --hop-only: only the cluster's 1-sequence run and part 3.
 # Release build (default build/, made with cmake if needed). UCX_TLS=tcp unless set.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -34,13 +39,15 @@ gen=32
 build=build
 model="${BENCH_MODEL:-}"
 mb_only=0
+hop_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --gen) gen="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
     --microbatch-only) mb_only=1; shift ;;
-    *) echo "usage: $0 [--gen N] [--build DIR] [--model FILE] [--microbatch-only]" >&2; exit 2 ;;
+    --hop-only) hop_only=1; shift ;;
+    *) echo "usage: $0 [--gen N] [--build DIR] [--model FILE] [--microbatch-only | --hop-only]" >&2; exit 2 ;;
   esac
 done
 export UCX_TLS="${UCX_TLS:-tcp}"
@@ -61,6 +68,7 @@ trap 'exit 130' INT TERM
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 shared="${STRATA_SHARED:-$root/../shared}"
+if [ "$hop_only" = 0 ]; then
 echo "## micro-batching: stories260K, PP 2 (2 workers x 1 thread, TP 1), $(nproc) CPUs, UCX_TLS=$UCX_TLS"
 q0=$(free_port); q1=$(free_port); qh=$(free_port)
 cat > "$tmp/mb.ini" <<EOF
@@ -130,6 +138,7 @@ EOF
 for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
 for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 pids=()
+fi
 [ "$mb_only" = 1 ] && exit 0
 
 if [ -z "$model" ]; then
@@ -143,6 +152,7 @@ n_embd=$("$build/cli/strata-gguf" inspect "$model" | sed -n 's/.*embedding_lengt
 act_bytes=$((n_embd * 4))
 echo "# model $model (n_embd $n_embd), $gen generated tokens, UCX_TLS=$UCX_TLS, $(nproc) CPUs"
 
+if [ "$hop_only" = 0 ]; then
 echo "## single process (strata-bench, 2 threads)"
 for b in 1 8; do
   "$build/bench/strata-bench" --model "$model" --batch $b --prompt-len 16 --gen "$gen" --threads 2 \
@@ -159,6 +169,7 @@ def g(*ks):
 print("single process, batch %s: decode %.2f tok/s" % (sys.argv[2], g("decode_tok_s", "decode_tps", "decode")))
 ' "$tmp/sp$b.json" "$b" || cat "$tmp/sp$b.json"
 done
+fi
 
 # Each bench-1b worker gets both cores by default: with one sequence only one
 # stage computes at a time, so a worker limited to 1 thread would stream its
@@ -185,11 +196,12 @@ for _ in $(seq 6000); do
   kill -0 "${pids[2]}" 2>/dev/null || { tail "$tmp/c.log"; exit 1; }
   sleep 0.1
 done
-/usr/bin/python3 - "$http" "$gen" <<'EOF'
+/usr/bin/python3 - "$http" "$gen" "$hop_only" "$tmp/hop_us" <<'EOF'
 import http.client, json, sys, threading, time
-port, gen = int(sys.argv[1]), int(sys.argv[2])
+port, gen, hop_only, hop_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 prompt = "Once upon a time there was a little robot who"
 def stages():
+    time.sleep(0.3)  # the coordinator refreshes StageStats every 0.1 s
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     c.request("GET", "/v1/stages"); d = json.loads(c.getresponse().read()); c.close(); return d
 def stream(out, i):
@@ -213,20 +225,38 @@ def run(n_seq):
     return sum(o[2] - 1 for o in out) / (last - first)
 run(1)  # warm-up
 s0 = stages()
+t0_ns = time.monotonic_ns()
 r1 = run(1)
+t1_ns = time.monotonic_ns()
 s1 = stages()
-r8 = run(8)
-s2 = stages()
 print("cluster PP2, 1 sequence: decode %.2f tok/s" % r1)
-print("cluster PP2, 8 sequences: decode %.2f tok/s (aggregate)" % r8)
-# Per-hop latency from the 1-sequence run: round trip minus both forwards, over 3 hops.
-nb = s1["batches_launched"] - s0["batches_launched"]
-rtt = (s1["batch_round_trip_ms"] * s1["batches_launched"] - s0["batch_round_trip_ms"] * s0["batches_launched"]) / nb
-fwd = sum((b["busy_seconds"] - a["busy_seconds"]) / max(1, b["forwards"] - a["forwards"])
-          for a, b in zip(s0["stages"], s1["stages"])) * 1e3
-print("cluster PP2, batch 1: mean round trip %.3f ms, forwards %.3f ms (both stages), "
-      "per hop %.1f us" % (rtt, fwd, (rtt - fwd) / 3 * 1e3))
-print("busy fractions during the 8-sequence run: %s" % [round(x["busy_fraction"], 3) for x in s2["stages"]])
+if not hop_only:
+    r8 = run(8)
+    s2 = stages()
+    print("cluster PP2, 8 sequences: decode %.2f tok/s (aggregate)" % r8)
+# Per-hop latency from the 1-sequence run, per micro-batch: its round trip
+# (coordinator -> stage 0 -> stage 1 -> coordinator, batch_intervals) minus
+# the forwards both stages ran inside it (forward_intervals), over 3 hops. The
+# prefill batch is left out (its payload is not one token's). Median and mean:
+# on a shared machine a few preempted batches move the mean a lot.
+bats = sorted((a, b) for a, b in s1["batch_intervals"] if a >= t0_ns and b <= t1_ns)[1:]
+fws = [[(a, b) for a, b in x["forward_intervals"] if a >= t0_ns and b <= t1_ns] for x in s1["stages"]]
+hops, rtts, fwds = [], [], []
+for a, b in bats:
+    inside = sum(min(e, b) - max(f, a) for iv in fws for f, e in iv if f < b and e > a)
+    rtts.append((b - a) / 1e6); fwds.append(inside / 1e6)
+    hops.append((b - a - inside) / 3 / 1e3)
+if not hops:
+    sys.exit("no micro-batch round trips recorded (GET /v1/stages batch_intervals)")
+hops.sort()
+med = hops[len(hops) // 2] if len(hops) % 2 else (hops[len(hops) // 2 - 1] + hops[len(hops) // 2]) / 2
+mean = sum(hops) / len(hops)
+print("cluster PP2, batch 1: mean round trip %.3f ms, forwards %.3f ms (both stages); per hop "
+      "median %.1f us, mean %.1f us (%d decode batches)"
+      % (sum(rtts) / len(rtts), sum(fwds) / len(fwds), med, mean, len(hops)))
+open(hop_file, "w").write("%.1f %.1f\n" % (med, mean))
+if not hop_only:
+    print("busy fractions during the 8-sequence run: %s" % [round(x["busy_fraction"], 3) for x in s2["stages"]])
 EOF
 
 echo "## one-hop latency at the activation size ($act_bytes B per token)"
@@ -234,4 +264,23 @@ echo "## one-hop latency at the activation size ($act_bytes B per token)"
 port=$(free_port)
 ucx_perftest -t ucp_am_lat -s "$act_bytes" -n 2000 -w 200 -p "$port" >/dev/null 2>&1 & pids+=($!)
 sleep 1
-ucx_perftest 127.0.0.1 -t ucp_am_lat -s "$act_bytes" -n 2000 -w 200 -p "$port" 2>/dev/null | tail -3 || true
+echo "# ucx_perftest -t ucp_am_lat -s $act_bytes (polling):"
+ucx_perftest 127.0.0.1 -t ucp_am_lat -s "$act_bytes" -n 2000 -w 200 -p "$port" 2>/dev/null | tail -3 \
+    | tee "$tmp/perftest.txt" || true
+port=$(free_port)
+ucx_perftest -t ucp_am_lat -s "$act_bytes" -n 1000 -w 100 -p "$port" -E sleep >/dev/null 2>&1 & pids+=($!)
+sleep 1
+echo "# ucx_perftest -t ucp_am_lat -s $act_bytes -E sleep (the receiver sleeps in epoll, as the cluster's do):"
+ucx_perftest 127.0.0.1 -t ucp_am_lat -s "$act_bytes" -n 1000 -w 100 -p "$port" -E sleep 2>/dev/null \
+    | grep '^Final' | tee "$tmp/perftest_sleep.txt" || true
+# "Final: iterations 50%ile average overall" (us): one-way latency (half the round trip).
+perf_med=$(awk '/^Final:/ {print $3}' "$tmp/perftest.txt")
+perf_mean=$(awk '/^Final:/ {print $5}' "$tmp/perftest.txt")
+perf_sleep=$(awk '/^Final:/ {print $3}' "$tmp/perftest_sleep.txt")
+read -r hop_med hop_mean < "$tmp/hop_us" 2>/dev/null || true
+if [ -n "$perf_med" ] && [ -n "${hop_med:-}" ]; then
+  awk -v hm="$hop_med" -v ha="$hop_mean" -v pm="$perf_med" -v pa="$perf_mean" -v ps="${perf_sleep:-0}" \
+      -v b="$act_bytes" 'BEGIN {
+    printf "per hop at %d B: cluster median %.1f us (mean %.1f); ucx_perftest ucp_am_lat median %.1f us (mean %.1f), -E sleep median %.1f us; ratio to ucx_perftest %.2fx (medians), %.2fx (means)\n",
+           b, hm, ha, pm, pa, ps, hm / pm, ha / pa }'
+fi

@@ -21,6 +21,7 @@
 #define RETRY_S 0.25
 #define STATS_PERIOD_S 0.1
 #define FWD_KEEP 1024 /* forward intervals kept per stage for GET /v1/stages */
+#define BATCH_KEEP 1024 /* micro-batch round trips kept for GET /v1/stages */
 
 typedef Strata__V1__ControlMessage ctl_msg;
 
@@ -95,9 +96,12 @@ struct cluster {
     sched *s;
     const sched_batch **inflight; /* launched batches (max_inflight slots, NULL = free) */
     int max_inflight;
-    double *launched_at;          /* per inflight slot: monotonic seconds */
+    uint64_t *launched_ns;        /* per inflight slot: CLOCK_MONOTONIC ns before the send */
     double rtt_sum;               /* launch -> result, summed over batches */
     uint64_t rtt_n;
+    /* the last BATCH_KEEP round trips [launch, result) in CLOCK_MONOTONIC
+     * ns; rtt_n recorded in all, the next one goes to bat[rtt_n % BATCH_KEEP] */
+    uint64_t (*bat)[2];
     creq *reqs;
     uint64_t stats_req_id;
     uint64_t seed_counter;
@@ -124,6 +128,12 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static void pump_soon(cluster *c) {
@@ -208,6 +218,7 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
         frame_sampling *samp = calloc((size_t)b->n_seqs, sizeof *samp);
         st_err err = {{0}};
         int rc = -1;
+        uint64_t t_launch = 0;
         if (seqs && seqp && samp) {
             for (int i = 0; i < b->n_seqs; i++) {
                 const sched_slice *x = &b->seqs[i];
@@ -250,6 +261,7 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
             h.n_seqs = (size_t)b->n_seqs;
             h.token_ids = (int32_t *)b->tokens;
             h.n_token_ids = (size_t)b->n_tokens;
+            t_launch = now_ns();
             rc = first->peer ? xport_send(first->peer, &h, NULL, 0, NULL, NULL, NULL, &err) : -1;
         } else {
             st_errf(&err, "out of memory");
@@ -266,7 +278,7 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
         for (int i = 0; i < c->max_inflight; i++)
             if (!c->inflight[i]) {
                 c->inflight[i] = b;
-                c->launched_at[i] = now_s();
+                c->launched_ns[i] = t_launch;
                 break;
             }
     }
@@ -384,7 +396,12 @@ static void on_batch_result(cluster *c, uint64_t batch_id, frame_result **res, s
     int n_ev = 0;
     st_err err = {{0}};
     c->inflight[slot] = NULL;
-    c->rtt_sum += now_s() - c->launched_at[slot];
+    uint64_t t_done = now_ns();
+    c->rtt_sum += (double)(t_done - c->launched_ns[slot]) * 1e-9;
+    if (c->bat) {
+        c->bat[c->rtt_n % BATCH_KEEP][0] = c->launched_ns[slot];
+        c->bat[c->rtt_n % BATCH_KEEP][1] = t_done;
+    }
     c->rtt_n++;
     if (sched_on_tokens(c->s, batch_id, sampled, n, &ev, &n_ev, &err) != 0) {
         ST_ERROR("cluster: %s", err.msg);
@@ -411,7 +428,11 @@ static void on_batch_result(cluster *c, uint64_t batch_id, frame_result **res, s
     free(sampled);
     free(match);
     free(ids);
-    pump_soon(c);
+    /* The next micro-batch goes out now, from this callback, rather than in
+     * another pass of the loop: the token writes to the HTTP clients queued
+     * above then happen after it (the woken client would otherwise compete
+     * with the next hop for the CPU). */
+    pump(-1, 0, c);
 }
 
 /* ---- stage links ----------------------------------------------------------- */
@@ -463,9 +484,10 @@ static void all_ready(cluster *c) {
                        .n_ctx = c->n_ctx,
                        .eos_id = -1}; /* end of generation is decided here (tok_is_eog, ignore_eos) */
     c->inflight = calloc((size_t)c->max_inflight, sizeof *c->inflight);
-    c->launched_at = calloc((size_t)c->max_inflight, sizeof *c->launched_at);
+    c->launched_ns = calloc((size_t)c->max_inflight, sizeof *c->launched_ns);
+    if (!c->bat) c->bat = calloc(BATCH_KEEP, sizeof *c->bat);
     if (c->kv) c->s = sched_create(&sc, c->kv, &err);
-    if (!c->kv || !c->s || !c->inflight || !c->launched_at) {
+    if (!c->kv || !c->s || !c->inflight || !c->launched_ns || !c->bat) {
         fatal(c, "cannot start the scheduler: %s", err.msg[0] ? err.msg : "out of memory");
         return;
     }
@@ -775,14 +797,20 @@ static char *eng_stages_json(void *impl) {
         l->prev_busy_s = l->busy_s;
         l->prev_uptime_s = l->uptime_s;
     }
+    json_t *bat = json_array();
+    uint64_t bkept = c->rtt_n < BATCH_KEEP ? c->rtt_n : BATCH_KEEP;
+    for (uint64_t k = c->rtt_n - bkept; bat && c->bat && k < c->rtt_n; k++)
+        json_array_append_new(bat, json_pack("[I,I]", (json_int_t)c->bat[k % BATCH_KEEP][0],
+                                             (json_int_t)c->bat[k % BATCH_KEEP][1]));
     json_t *root = json_pack(
-        "{s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:o}", "ready", c->ready && !c->lost, "epoch",
+        "{s:b,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:f,s:o,s:o}", "ready", c->ready && !c->lost, "epoch",
         (int)c->epoch, "n_ctx", c->n_ctx, "kv_block_size", c->cfg->kv_block_size, "kv_blocks_total", (int)st.n_blocks,
         "kv_blocks_free", (int)st.blocks_free, "requests_waiting", st.n_waiting,
         "requests_running", st.n_running, "batches_in_flight", st.n_inflight,
         "batches_launched", (json_int_t)st.batches_launched, "tokens_launched",
         (json_int_t)st.tokens_launched, "batch_round_trip_ms",
-        c->rtt_n ? 1e3 * c->rtt_sum / (double)c->rtt_n : 0.0, "stages", stages);
+        c->rtt_n ? 1e3 * c->rtt_sum / (double)c->rtt_n : 0.0, "batch_intervals", bat, "stages",
+        stages);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     return s;
@@ -901,7 +929,8 @@ void cluster_destroy(cluster *c) {
     sched_destroy(c->s);
     kv_alloc_free(c->kv);
     free(c->inflight);
-    free(c->launched_at);
+    free(c->launched_ns);
+    free(c->bat);
     for (int i = 0; c->links && i < c->n_stages; i++) free(c->links[i].fwd);
     free(c->links);
     free(c->piece_buf);

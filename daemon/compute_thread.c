@@ -20,6 +20,7 @@ struct compute {
     pthread_cond_t cv;
     cjob *head, *tail;          /* queued */
     cjob *done_head, *done_tail; /* finished, not yet taken */
+    bool running;               /* a job is running (on the thread or inline) */
     bool quit;
     int efd;
     compute_stats stats;        /* snapshot, under mu */
@@ -115,6 +116,18 @@ static void run_forward(compute *c, cjob *j)
     if (j->status == 0 && j->out_bf16) frame_f32_to_bf16(j->hidden_out, j->out_bf16, j->n_out);
 }
 
+/* Under c->mu: a job finished; count it. */
+static void account(compute *c, cjob *j)
+{
+    if (j->kind == CJOB_FORWARD && j->status == 0) {
+        c->stats.forwards++;
+        c->stats.tokens += (uint64_t)j->batch.n_tokens;
+        c->stats.busy_seconds += j->seconds;
+    }
+    snapshot_ranks(c);
+    c->stats.queued--;
+}
+
 static void *thread_main(void *arg)
 {
     compute *c = arg;
@@ -125,6 +138,7 @@ static void *thread_main(void *arg)
         cjob *j = c->head;
         c->head = j->next;
         if (!c->head) c->tail = NULL;
+        c->running = true;
         pthread_mutex_unlock(&c->mu);
 
         if (j->kind == CJOB_OPEN)
@@ -133,13 +147,8 @@ static void *thread_main(void *arg)
             run_forward(c, j);
 
         pthread_mutex_lock(&c->mu);
-        if (j->kind == CJOB_FORWARD && j->status == 0) {
-            c->stats.forwards++;
-            c->stats.tokens += (uint64_t)j->batch.n_tokens;
-            c->stats.busy_seconds += j->seconds;
-        }
-        snapshot_ranks(c);
-        c->stats.queued--;
+        account(c, j);
+        c->running = false;
         push(&c->done_head, &c->done_tail, j);
         notify(c);
     }
@@ -217,6 +226,31 @@ void compute_submit(compute *c, cjob *job)
     c->stats.queued++;
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
+}
+
+bool compute_run_inline(compute *c, cjob *job)
+{
+    if (job->kind != CJOB_FORWARD) return false;
+    pthread_mutex_lock(&c->mu);
+    /* Idle: nothing queued, running or waiting to be taken (results leave in
+     * submission order), and a stage loaded. The thread itself then waits on
+     * the condition variable and only the caller submits, so the stage is the
+     * caller's until it clears running. */
+    bool idle = !c->head && !c->running && !c->done_head && !c->quit && c->st;
+    if (idle) {
+        c->running = true;
+        c->stats.queued++;
+        job->status = 0;
+        job->err.msg[0] = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!idle) return false;
+    run_forward(c, job);
+    pthread_mutex_lock(&c->mu);
+    account(c, job);
+    c->running = false;
+    pthread_mutex_unlock(&c->mu);
+    return true;
 }
 
 cjob *compute_take_done(compute *c)

@@ -93,6 +93,14 @@ void compute_submit(compute *c, cjob *job);
 /* Returns the finished jobs as a list in submission order (NULL if none) and
  * clears the fd's readiness. */
 cjob *compute_take_done(compute *c);
+/* Runs a FORWARD job on the caller's thread, now, when the compute thread is
+ * idle (nothing queued, running or finished and not yet taken; a stage
+ * loaded), and returns true: the job is finished (status, outputs, times as
+ * if the thread had run it, counted in the stats) and stays the caller's; it
+ * does not go to the done list. Otherwise returns false and the job is
+ * untouched (submit it). Saves the two thread hand-offs of a forward (wake the
+ * thread, wake the caller's loop) when nothing else is in flight. */
+bool compute_run_inline(compute *c, cjob *job);
 void compute_get_stats(compute *c, compute_stats *out);
 
 #endif

@@ -25,6 +25,7 @@
 #define BACKOFF_MAX_S 5.0
 #define FWD_RING 4096            /* forward intervals kept per stage (StageStats.forward_ns) */
 #define FWD_REPLY_MAX 1024       /* intervals per StageStats at most */
+#define INLINE_MAX_TOKENS 64     /* micro-batches up to this size may run on the loop thread */
 
 typedef Strata__V1__ControlMessage ctl_msg;
 typedef Strata__V1__StageAssign ctl_assign;
@@ -89,6 +90,7 @@ struct wstage {
 
     xport_mem *pool[POOL_MAX];
     int n_pool;
+    int sends_inflight;     /* ACTIVATIONS to the next hop not yet completed */
 
     bool shutting_down;     /* released or the worker is stopping */
     wstage *link;           /* the worker's list of live / released stages */
@@ -123,6 +125,7 @@ struct worker {
 };
 
 static void on_compute(evutil_socket_t fd, short what, void *arg);
+static void forward_done(wstage *w, struct job *j);
 
 static double now_s(void)
 {
@@ -805,6 +808,21 @@ static void handle_control(worker *w, xport_peer *peer, const frame_header *h)
 
 /* ---------------------------------------------------------------- ACTIVATIONS */
 
+/* Whether a micro-batch of T tokens may run on the loop thread (when the
+ * compute thread is idle, compute_run_inline): that saves the two thread
+ * hand-offs of a hop (wake the compute thread, wake the loop for the result;
+ * each a cross-CPU wake-up, tens of us on a VM), but the loop makes no
+ * progress while the forward runs. So only a small batch (a decode step's
+ * forward is short), only while this worker holds one stage (another epoch's
+ * frames would wait), and only with no ACTIVATIONS send of ours in flight
+ * (a rendezvous send needs our progress to finish). Frames that arrive
+ * meanwhile wait in the socket; they could not start before this forward
+ * ends anyway. */
+static bool run_here(const wstage *w, int64_t T)
+{
+    return T <= INLINE_MAX_TOKENS && w->sends_inflight == 0 && w->front->stages == w && !w->link;
+}
+
 static void handle_activations(wstage *w, xport_peer *peer, const frame_header *h, const void *payload,
                                size_t bytes)
 {
@@ -940,6 +958,11 @@ static void handle_activations(wstage *w, xport_peer *peer, const frame_header *
                         (int)h->seqs[i]->n_tokens);
     ST_DEBUG("worker: batch %llu: %zu seqs, %lld tokens queued", (unsigned long long)h->batch_id, h->n_seqs,
              (long long)T);
+    if (run_here(w, T) && compute_run_inline(w->cq, &j->cj)) {
+        if (j->cj.status == 0) note_forward(w, &j->cj);
+        forward_done(w, j);
+        return;
+    }
     compute_submit(w->cq, &j->cj);
     return;
 oom:
@@ -959,6 +982,7 @@ static void fwd_sent(xport_peer *peer, int status, void *arg)
 {
     struct job *j = arg;
     wstage *w = j->w;
+    w->sends_inflight--;
     if (status != 0)
         batch_error(w, j, "sending to the next hop failed (peer lost)");
     else
@@ -1072,7 +1096,9 @@ static void forward_done(wstage *w, struct job *j)
     if (xport_send(w->next, &h, xport_mem_ptr(j->out_mem), j->out_bytes, j->out_mem, fwd_sent, j, &err)) {
         batch_error(w, j, err.msg);
         job_free(w, j);
+        return;
     }
+    w->sends_inflight++;
 }
 
 static void on_compute(evutil_socket_t fd, short what, void *arg)

@@ -42,6 +42,14 @@
 #define XPORT_POOL_MIN_BYTES (64u << 10)
 #define XPORT_MAX_PENDING_RX 4096   /* out-of-order frames per peer */
 #define XPORT_MAX_PEERS 1024
+/* Payloads up to this many bytes go eagerly (UCP_AM_SEND_FLAG_EAGER) unless
+ * UCX_RNDV_THRESH is set: UCX's automatic rendezvous threshold (8 KiB on TCP,
+ * one token of a 2048-wide f32 activation) assumes a polling receiver; with
+ * an event-driven one each extra rendezvous message (RTS, data, ATS) costs a
+ * wake-up on both sides (8 KiB: ~250 us by rendezvous vs ~35 us eager). */
+#define XPORT_EAGER_MAX (128u << 10)
+/* on_event: progress / deliver rounds before it yields to the loop */
+#define XPORT_EVENT_ROUNDS 64
 
 enum peer_state { PEER_OPEN, PEER_CLOSING, PEER_CLOSED };
 
@@ -113,12 +121,15 @@ struct xport {
     struct event *ev;
     int port;
     size_t max_am_header;
+    size_t eager_max; /* force eager sends up to this payload size (0: UCX decides) */
     xport_peer *peers;
     int n_peers;
     struct send_ctx *done_head, *done_tail;
     struct rbuf pool[XPORT_POOL_MAX];
     xport_stats stats;
     bool destroying;
+    bool in_event; /* on_event is running: kick() only notes the work */
+    bool issued;   /* a UCX operation was started since the last progress */
 };
 
 /* ---- small helpers ---- */
@@ -143,8 +154,13 @@ static uint32_t get_le32(const uint8_t *p)
 static uint16_t get_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
 
+/* New work for the loop (a UCX operation started, a completion or failure
+ * queued): inside on_event it is picked up before the worker is armed again;
+ * elsewhere on_event is scheduled. */
 static void kick(xport *x)
 {
+    x->issued = true;
+    if (x->in_event) return;
     if (x->ev && !x->destroying) event_active(x->ev, EV_READ, 0);
 }
 
@@ -582,24 +598,39 @@ static bool drain(xport *x)
     return did;
 }
 
-static void progress_all(xport *x)
-{
-    for (;;) {
-        while (ucp_worker_progress(x->worker)) {
-        }
-        ucs_status_t st = ucp_worker_arm(x->worker);
-        if (st == UCS_ERR_BUSY) continue;
-        if (st != UCS_OK) ST_WARN("xport: ucp_worker_arm: %s", ucs_status_string(st));
-        break;
-    }
-}
-
+/* The worker's fd is readable, or kick(). Progress and deliver in rounds
+ * until nothing happens, then arm the worker (UCX: after progress returned 0;
+ * BUSY = more events). Each frame is delivered right after the progress call
+ * that completed it, before the next progress or the arm (a receiver starts
+ * its work one round sooner), and work started by the callbacks (a send
+ * from on_frame) is progressed in the same call rather than in another pass
+ * of the loop: each pass costs an epoll_wait, and on a loopback hop the
+ * woken peer often waits for this thread's CPU. Progress is skipped when
+ * the previous round neither progressed nor started a UCX operation. After
+ * XPORT_EVENT_ROUNDS busy rounds it yields to the loop (kick). */
 static void on_event(evutil_socket_t fd, short what, void *arg)
 {
     xport *x = arg;
-    progress_all(x);
-    /* Callbacks may issue new operations; run again from the loop if so. */
-    if (drain(x)) kick(x);
+    x->in_event = true;
+    bool need_progress = true;
+    for (int round = 0; round < XPORT_EVENT_ROUNDS; round++) {
+        x->issued = false;
+        unsigned n = need_progress ? ucp_worker_progress(x->worker) : 0;
+        bool did = drain(x);
+        need_progress = n > 0 || x->issued;
+        if (n > 0 || did) continue;
+        if (x->issued) continue; /* drain started something without delivering: progress it */
+        ucs_status_t st = ucp_worker_arm(x->worker);
+        if (st == UCS_ERR_BUSY) {
+            need_progress = true;
+            continue;
+        }
+        if (st != UCS_OK) ST_WARN("xport: ucp_worker_arm: %s", ucs_status_string(st));
+        x->in_event = false;
+        return;
+    }
+    x->in_event = false;
+    kick(x);
 }
 
 /* ---- public API ---- */
@@ -662,6 +693,7 @@ xport *xport_create(struct event_base *base, const char *listen_host, int listen
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
     if (ucp_worker_query(x->worker, &wa) == UCS_OK)
         x->max_am_header = wa.max_am_header;
+    x->eager_max = getenv("UCX_RNDV_THRESH") ? 0 : XPORT_EAGER_MAX;
     ucp_am_handler_param_t ap = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                                                UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
                                  .id = XPORT_AM_FRAME,
@@ -806,6 +838,7 @@ static int send_common(xport_peer *p, const uint8_t *hb, size_t hl, const void *
                               .flags = UCP_AM_SEND_FLAG_REPLY,
                               .cb.send = on_send_cb,
                               .user_data = c};
+    if (dlen && dlen <= x->eager_max) rp.flags |= UCP_AM_SEND_FLAG_EAGER;
     if (mem && dlen) {
         rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         rp.memh = mem->memh;

@@ -333,6 +333,15 @@ static xport_peer *test_echo_100(struct parent *s, int port)
     CHECK_EQ_INT(st.frames_recv, N_FRAMES);
     CHECK_EQ_INT(st.frames_sent, N_FRAMES);
     CHECK(st.rndv_recv > 0); /* the large echoes came by rendezvous into the pool */
+    /* ... and only they: payloads up to 128 KiB go eagerly (one token's
+     * activations, 8 KiB at n_embd 2048, is above UCX's own TCP threshold). */
+    int n_large = 0;
+    for (int i = 0; i < N_FRAMES; i++) {
+        int rows, cols, dtype;
+        frame_shape(i, &rows, &cols, &dtype);
+        n_large += (size_t)rows * cols * frame_dtype_size(dtype) > (128u << 10);
+    }
+    if (!getenv("UCX_RNDV_THRESH")) CHECK((int)st.rndv_recv <= n_large);
     CHECK_EQ_INT(s->connects, 1);
     fprintf(stderr, "echo_100: %d frames, %.1f MiB each way in %.2f s (%llu by rendezvous)\n", N_FRAMES,
             st.bytes_sent / 1048576.0, dt, (unsigned long long)st.rndv_recv);
