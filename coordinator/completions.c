@@ -1,5 +1,6 @@
-/* completions.c — OpenAI completions: request validation, stop strings,
- * UTF-8 safe text emission, and response / chunk JSON. See completions.h. */
+/* completions.c — OpenAI completions: request validation, the completion
+ * text (common/utf8.h + model/stop.h, as strata-run), and response / chunk
+ * JSON. See completions.h. */
 #include "coordinator/completions.h"
 
 #include <jansson.h>
@@ -30,7 +31,7 @@ void compl_error_set(compl_error *e, int status, const char *type, const char *p
 
 char *compl_error_json(const compl_error *e) {
     size_t n;
-    char *msg = compl_utf8_sanitize(e->message, strlen(e->message), &n);
+    char *msg = utf8_sanitize(e->message, strlen(e->message), &n);
     if (!msg) return NULL;
     json_t *err = json_pack("{s:s%,s:s,s:o,s:o}", "message", msg, n, "type",
                             e->type ? e->type : "invalid_request_error", "param",
@@ -44,70 +45,12 @@ char *compl_error_json(const compl_error *e) {
     return s;
 }
 
-/* ---- UTF-8 ------------------------------------------------------------------ */
+/* ---- JSON strings ------------------------------------------------------------ */
 
-/* Length of the valid UTF-8 character at s[0..n), 0 when invalid, or -k when
- * it is a valid but incomplete prefix of k bytes. (RFC 3629: no overlongs,
- * no surrogates, nothing above U+10FFFF.) */
-static int utf8_char(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    int len;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else
-        return 0;
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) return -i;
-        unsigned b = s[i];
-        if (i == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return 0;
-    }
-    return len;
-}
-
-size_t compl_utf8_incomplete_tail(const char *s, size_t n) {
-    for (size_t k = 1; k <= 3 && k <= n; k++) {
-        const unsigned char *p = (const unsigned char *)s + n - k;
-        if ((*p & 0xC0) == 0x80) continue; /* continuation byte: look further back */
-        int r = utf8_char(p, k);
-        return r < 0 ? k : 0;
-    }
-    return 0;
-}
-
-char *compl_utf8_sanitize(const char *s, size_t n, size_t *out_len) {
-    char *o = malloc(n * 3 + 1); /* each bad byte becomes 3 bytes */
-    if (!o) return NULL;
-    size_t j = 0;
-    for (size_t i = 0; i < n;) {
-        int r = utf8_char((const unsigned char *)s + i, n - i);
-        if (r > 0) {
-            memcpy(o + j, s + i, (size_t)r);
-            j += (size_t)r;
-            i += (size_t)r;
-        } else {
-            memcpy(o + j, "\xEF\xBF\xBD", 3);
-            j += 3;
-            i += r < 0 ? (size_t)-r : 1;
-        }
-    }
-    o[j] = '\0';
-    if (out_len) *out_len = j;
-    return o;
-}
-
+/* A JSON string of s[n] (invalid UTF-8 becomes U+FFFD). */
 static json_t *jstr(const char *s, size_t n) {
     size_t m;
-    char *t = compl_utf8_sanitize(s, n, &m);
+    char *t = utf8_sanitize(s, n, &m);
     if (!t) return NULL;
     json_t *j = json_stringn_nocheck(t, m);
     free(t);
@@ -434,14 +377,24 @@ static json_t *bytes_json(const char *s, size_t n) {
 int compl_output_init(compl_output *o, const compl_request *req) {
     memset(o, 0, sizeof *o);
     o->req = req;
+    /* The client's stop strings, then the chat template's end of turn. */
+    int n = req->n_stop < STOP_MAX_STRINGS ? req->n_stop : STOP_MAX_STRINGS;
+    st_err err;
+    if (stop_init(&o->stop, (const char *const *)req->stop, n, &err) != 0) return -1;
+    for (int i = n; i < req->n_stop; i++)
+        if (stop_add(&o->stop, req->stop[i], &err) != 0) goto fail;
     if (req->logprobs >= 0) {
         o->lp = lp_new();
-        if (!o->lp) return -1;
+        if (!o->lp) goto fail;
     }
     return 0;
+fail:
+    stop_free(&o->stop);
+    return -1;
 }
 
 void compl_output_free(compl_output *o) {
+    stop_free(&o->stop);
     free(o->text);
     free(o->ids);
     free(o->prompt_ids);
@@ -462,37 +415,48 @@ int compl_output_prompt(compl_output *o, const int32_t *ids, int n) {
     return 0;
 }
 
-/* Earliest match of any stop string in text[from, len): its position, or -1. */
-static long find_stop(const compl_output *o, size_t from) {
-    long best = -1;
-    for (int i = 0; i < o->req->n_stop; i++) {
-        const char *st = o->req->stop[i];
-        size_t sl = strlen(st);
-        for (size_t p = from; p + sl <= o->len; p++) {
-            if (best >= 0 && (long)p >= best) break;
-            if (memcmp(o->text + p, st, sl) == 0) {
-                best = (long)p;
-                break;
-            }
-        }
+/* Appends released text. */
+static int text_append(compl_output *o, const char *s, size_t n) {
+    if (o->len + n + 1 > o->cap) {
+        size_t cap = o->cap ? o->cap : 256;
+        while (cap < o->len + n + 1) cap *= 2;
+        char *t = realloc(o->text, cap);
+        if (!t) return -1;
+        o->text = t;
+        o->cap = cap;
     }
-    return best;
+    if (n) memcpy(o->text + o->len, s, n);
+    o->len += n;
+    o->text[o->len] = '\0';
+    return 0;
 }
 
-/* Longest suffix of the text that is a proper prefix of a stop string. */
-static size_t stop_prefix_tail(const compl_output *o) {
-    size_t best = 0;
-    for (int i = 0; i < o->req->n_stop; i++) {
-        size_t sl = strlen(o->req->stop[i]);
-        for (size_t k = sl - 1; k > best; k--) {
-            if (k > o->len) continue;
-            if (memcmp(o->text + o->len - k, o->req->stop[i], k) == 0) {
-                best = k;
-                break;
-            }
-        }
-    }
-    return best;
+/* Feeds valid UTF-8 to the stop matcher and keeps what it releases: 1 when
+ * a stop string matched, 0 when not, -1 on out of memory. */
+static int feed(compl_output *o, const char *s, size_t n) {
+    const char *out;
+    size_t out_len;
+    st_err err;
+    int r = stop_feed(&o->stop, s, n, &out, &out_len, &err);
+    if (r < 0 || text_append(o, out, out_len) != 0) return -1;
+    if (r == 1) o->stopped = true;
+    return r;
+}
+
+/* The end of the text: a held incomplete character (U+FFFD, which may still
+ * complete a stop string) and the matcher's held-back suffix. Once. */
+static int finish_text(compl_output *o) {
+    if (o->flushed) return 0;
+    o->flushed = true;
+    char rep[UTF8_STREAM_MAX_OUT(0)];
+    size_t n = utf8_stream_flush(&o->utf8, rep);
+    if (o->stopped) return 0;
+    int r = feed(o, rep, n);
+    if (r != 0) return r < 0 ? -1 : 0; /* 1: the U+FFFD completed a stop string */
+    const char *out;
+    size_t out_len;
+    stop_flush(&o->stop, &out, &out_len);
+    return text_append(o, out, out_len);
 }
 
 int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t len,
@@ -506,18 +470,16 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
     }
     o->ids[o->n_ids++] = id;
     if (o->stopped) return 1;
-    if (o->len + len + 1 > o->cap) {
-        size_t cap = o->cap ? o->cap : 256;
-        while (cap < o->len + len + 1) cap *= 2;
-        char *n = realloc(o->text, cap);
-        if (!n) return -1;
-        o->text = n;
-        o->cap = cap;
-    }
-    size_t offset = o->len;
-    memcpy(o->text + o->len, piece, len);
-    o->len += len;
-    o->text[o->len] = '\0';
+    /* Where this piece starts in the text: after the bytes fed to the
+     * matcher so far and a held character's bytes (or its U+FFFD). */
+    size_t offset = o->stop.fed + utf8_stream_offset(&o->utf8, piece, len);
+    char small[256], *dec = small;
+    size_t cap = UTF8_STREAM_MAX_OUT(len);
+    if (cap > sizeof small && !(dec = malloc(cap))) return -1;
+    size_t n = utf8_stream_push(&o->utf8, piece, len, dec);
+    int r = feed(o, dec, n);
+    if (dec != small) free(dec);
+    if (r < 0) return -1;
     if (o->lp && o->req->chat) {
         lp_arrays *a = o->lp;
         json_t *top = json_array();
@@ -538,7 +500,7 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
         json_t *top = json_object();
         for (int i = 0; lp && i < lp->n_top && i < o->req->logprobs; i++) {
             size_t m;
-            char *k = compl_utf8_sanitize(lp->top_pieces[i], strlen(lp->top_pieces[i]), &m);
+            char *k = utf8_sanitize(lp->top_pieces[i], strlen(lp->top_pieces[i]), &m);
             if (k && !json_object_get(top, k))
                 json_object_set_new_nocheck(top, k, json_real(lp->top_logprobs[i]));
             free(k);
@@ -547,31 +509,7 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
         size_t echo = o->req->echo ? o->req->prompt_len : 0;
         json_array_append_new(a->text_offset, json_integer((json_int_t)(echo + offset)));
     }
-    if (o->req->n_stop > 0) {
-        size_t maxl = 0;
-        for (int i = 0; i < o->req->n_stop; i++)
-            if (strlen(o->req->stop[i]) > maxl) maxl = strlen(o->req->stop[i]);
-        size_t from = offset + 1 > maxl ? offset + 1 - maxl : 0;
-        if (from < o->scan_from) from = o->scan_from;
-        long at = find_stop(o, from);
-        if (at >= 0) {
-            o->len = (size_t)at;
-            o->text[o->len] = '\0';
-            o->stopped = true;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* Bytes of text ready to emit: all when final, else up to the holdbacks. */
-static size_t ready_len(const compl_output *o, bool final) {
-    if (final || o->stopped) return o->len;
-    size_t hold = stop_prefix_tail(o);
-    size_t inc = compl_utf8_incomplete_tail(o->text, o->len);
-    if (inc > hold) hold = inc;
-    size_t r = o->len - hold;
-    return r < o->sent ? o->sent : r;
+    return r; /* the token's logprobs are kept even when it completed a stop string */
 }
 
 static json_t *ids_json(const int32_t *ids, int n) {
@@ -603,7 +541,9 @@ static char *dump(json_t *root) {
 
 char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finish, bool *none) {
     bool final = finish != NULL;
-    size_t r = ready_len(o, final);
+    if (final && finish_text(o) != 0) return NULL;
+    if (final && o->stopped) finish = "stop"; /* a stop string completed by the end */
+    size_t r = o->len;
     bool echo = o->req->echo && !o->echo_sent;
     *none = false;
     if (!final && r == o->sent && !echo) {
@@ -662,6 +602,8 @@ char *compl_output_usage_chunk(compl_output *o, const compl_meta *m) {
 }
 
 char *compl_output_response(compl_output *o, const compl_meta *m, const char *finish) {
+    if (finish_text(o) != 0) return NULL;
+    if (o->stopped) finish = "stop";
     size_t pl = o->req->echo ? o->req->prompt_len : 0;
     char *buf = malloc(pl + o->len + 1);
     if (!buf) return NULL;

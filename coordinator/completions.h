@@ -23,10 +23,16 @@
  *   logprobs: {"content":[{"token":t,"logprob":lp,"bytes":[…],
  *              "top_logprobs":[{"token":t,"logprob":lp,"bytes":[…]}…]}…]}
  *
- * Text handling: generated pieces are raw bytes. Text is only ever emitted up
- * to the last complete UTF-8 character and before any suffix that could still
- * become a stop string; invalid UTF-8 is replaced by U+FFFD. A matched stop
- * string ends the completion (finish_reason "stop") and is not included.
+ * Text handling: generated pieces are raw bytes. They go through the same
+ * pipeline as strata-run's text, so the same token ids give the same text:
+ * common/utf8.h's utf8_stream (an incomplete character is held; invalid UTF-8
+ * becomes one U+FFFD per maximal invalid subpart, as tok_stream does), then
+ * model/stop.h's matcher (a suffix that could still become a stop string is
+ * held). A matched stop string ends the completion (finish_reason "stop") and
+ * is not included. text_offset is the byte offset of a token's first byte in
+ * that text: for valid UTF-8 the raw byte offset (a byte token inside a
+ * character points into it); a token after an unfinished character starts
+ * after its U+FFFD (common/utf8.h's utf8_stream_offset).
  */
 #ifndef STRATA_COORDINATOR_COMPLETIONS_H
 #define STRATA_COORDINATOR_COMPLETIONS_H
@@ -36,6 +42,8 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
+#include "model/stop.h"
 
 #define COMPL_MAX_STOP 4        /* stop sequences a client may give */
 #define COMPL_MAX_STOP_LEN 256 /* bytes per stop sequence */
@@ -130,11 +138,13 @@ typedef struct compl_meta {
 /* The growing output of one request. */
 typedef struct compl_output {
     const compl_request *req;
-    char *text;          /* completion bytes so far (after a stop match: truncated) */
+    utf8_stream utf8;    /* raw piece bytes -> valid UTF-8 */
+    stop_matcher stop;   /* the request's stop strings, over that text */
+    char *text;          /* completion text released by the matcher (ready to emit) */
     size_t len, cap;
     size_t sent;         /* bytes already emitted in chunks */
-    size_t scan_from;    /* stop search restarts here */
     bool stopped;        /* a stop string matched: ignore further tokens */
+    bool flushed;        /* the end: held-back bytes were released */
     bool echo_sent, prompt_ids_sent;
     bool role_sent;      /* chat streams: the delta.role chunk went out */
     int32_t *ids;        /* every generated id */
@@ -145,6 +155,8 @@ typedef struct compl_output {
     int lp_sent;
 } compl_output;
 
+/* -1 on out of memory or a stop list the matcher refuses (a parsed request
+ * never has one). */
 int compl_output_init(compl_output *o, const compl_request *req);
 void compl_output_free(compl_output *o);
 /* The prompt's token ids (for usage and prompt_token_ids). */
@@ -156,7 +168,9 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
                        const compl_logprobs *lp);
 /* Streaming: "data: {chunk}\n\n" payload JSON (malloc'd) with what is new and
  * ready, or NULL when nothing is (*none = true). finish != NULL makes it the
- * last chunk: everything held back is flushed and finish_reason is set. */
+ * last chunk: everything held back is flushed and finish_reason is set
+ * ("stop" when the flushed U+FFFD of an unfinished character completes a stop
+ * string, as in strata-run). */
 char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finish, bool *none);
 /* Chat streams: the first chunk, delta {"role":"assistant","content":""}. */
 char *compl_output_role_chunk(compl_output *o, const compl_meta *m);
@@ -164,12 +178,5 @@ char *compl_output_role_chunk(compl_output *o, const compl_meta *m);
 char *compl_output_usage_chunk(compl_output *o, const compl_meta *m);
 /* The whole non-streaming response. */
 char *compl_output_response(compl_output *o, const compl_meta *m, const char *finish);
-
-/* Copies s[n] into a malloc'd valid UTF-8 string (invalid sequences become
- * U+FFFD); *out_len gets its length. For tests and error messages. */
-char *compl_utf8_sanitize(const char *s, size_t n, size_t *out_len);
-/* Bytes at the end of s[n] that form an incomplete (so far valid) UTF-8
- * character: 0..3. */
-size_t compl_utf8_incomplete_tail(const char *s, size_t n);
 
 #endif

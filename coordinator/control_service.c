@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/utf8.h"
 #include "coordinator/cluster.h"
 #include "coordinator/placement.h"
 #include "coordinator/state_file.h"
@@ -62,8 +63,7 @@ typedef struct gen_stream {
     compl_request req;
     uint64_t id;
     uint32_t n_prompt, n_gen;
-    char *pend;              /* bytes of an incomplete UTF-8 sequence */
-    size_t n_pend;
+    utf8_stream utf8;        /* the chunks' text: whole characters, U+FFFD for invalid bytes */
 } gen_stream;
 
 struct ctl_service {
@@ -955,22 +955,7 @@ static void stream_free(ctl_service *s, gen_stream *g) {
         s->streams = g->next;
     if (g->next) g->next->prev = g->prev;
     free(g->req.prompt);
-    free(g->pend);
     free(g);
-}
-
-/* Bytes of buf[0..n) that form complete UTF-8 sequences (the rest waits). */
-static size_t utf8_complete(const char *buf, size_t n) {
-    size_t i = n, back = 0;
-    while (i > 0 && back < 4) {
-        unsigned char ch = (unsigned char)buf[i - 1];
-        if ((ch & 0xC0) != 0x80) {
-            size_t need = ch < 0x80 ? 1 : (ch & 0xE0) == 0xC0 ? 2 : (ch & 0xF0) == 0xE0 ? 3 : (ch & 0xF8) == 0xF0 ? 4 : 1;
-            return back + 1 >= need ? n : i - 1;
-        }
-        i--, back++;
-    }
-    return n;
 }
 
 static int send_chunk(gen_stream *g, const int32_t *ids, size_t n_ids, const char *text, size_t len,
@@ -981,21 +966,8 @@ static int send_chunk(gen_stream *g, const int32_t *ids, size_t n_ids, const cha
     ch.n_token_ids = n_ids;
     char *t = malloc(len + 1);
     if (!t) return -1;
-    memcpy(t, text, len);
+    memcpy(t, text, len); /* valid UTF-8 (g->utf8), as protobuf strings must be */
     t[len] = 0;
-    /* protobuf strings must be UTF-8: replace stray bytes */
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)t[i] >= 0x80) {
-            /* keep valid sequences only (cheap check of lead + continuation counts) */
-            unsigned char c0 = (unsigned char)t[i];
-            size_t need = (c0 & 0xE0) == 0xC0 ? 2 : (c0 & 0xF0) == 0xE0 ? 3 : (c0 & 0xF8) == 0xF0 ? 4 : 0;
-            bool ok = need && i + need <= len;
-            for (size_t k = 1; ok && k < need; k++) ok = ((unsigned char)t[i + k] & 0xC0) == 0x80;
-            if (!ok)
-                t[i] = '?';
-            else
-                i += need - 1;
-        }
     ch.text = t;
     if (finish) {
         ch.finish_reason = (char *)finish;
@@ -1023,16 +995,13 @@ static void g_on_token(void *ctx, int32_t id, const char *piece, size_t len, con
     gen_stream *g = ctx;
     ctl_service *s = g->s;
     g->n_gen++;
-    char *nb = realloc(g->pend, g->n_pend + len + 1);
-    if (nb) {
-        g->pend = nb;
-        memcpy(g->pend + g->n_pend, piece, len);
-        g->n_pend += len;
-    }
-    size_t ok = utf8_complete(g->pend, g->n_pend);
-    int rc = rpc_call_cancelled(g->call) ? -1 : send_chunk(g, &id, 1, g->pend, ok, NULL);
-    memmove(g->pend, g->pend + ok, g->n_pend - ok);
-    g->n_pend -= ok;
+    /* The same text as the HTTP API and strata-run give (common/utf8.h). */
+    char small[256], *text = small;
+    size_t cap = UTF8_STREAM_MAX_OUT(len), n = 0;
+    if (cap > sizeof small) text = malloc(cap);
+    if (text) n = utf8_stream_push(&g->utf8, piece, len, text);
+    int rc = rpc_call_cancelled(g->call) ? -1 : send_chunk(g, &id, 1, text ? text : "", n, NULL);
+    if (text != small) free(text);
     if (rc != 0) {
         eng_cancel(s, g->id);
         rpc_call_finish(g->call, RPC_CANCELLED, "Generate: cancelled");
@@ -1046,8 +1015,9 @@ static void g_on_finish(void *ctx, enum coord_finish reason, const char *message
     if (reason == COORD_FINISH_ERROR) {
         rpc_call_finishf(g->call, RPC_UNAVAILABLE, "Generate: %s", message ? message : "failed");
     } else {
-        send_chunk(g, NULL, 0, g->pend ? g->pend : "", g->n_pend,
-                   reason == COORD_FINISH_STOP ? "stop" : "length");
+        char rest[UTF8_STREAM_MAX_OUT(0)]; /* an unfinished character: U+FFFD */
+        size_t n = utf8_stream_flush(&g->utf8, rest);
+        send_chunk(g, NULL, 0, rest, n, reason == COORD_FINISH_STOP ? "stop" : "length");
         rpc_call_finish(g->call, RPC_OK, NULL);
     }
     stream_free(s, g);

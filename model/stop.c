@@ -6,6 +6,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Appends stop string number n_stops (room checked by the caller). */
+static int add(stop_matcher *m, const char *stop, st_err *err) {
+    int i = m->n_stops;
+    if (!stop) return st_errf(err, "stop: stop string %d is NULL", i);
+    size_t len = strlen(stop);
+    if (len == 0) return st_errf(err, "stop: stop string %d is empty", i);
+    if (len > STOP_MAX_LEN)
+        return st_errf(err, "stop: stop string %d is %zu bytes (max %d)", i, len, STOP_MAX_LEN);
+    memcpy(m->stops[i], stop, len);
+    m->stop_len[i] = len;
+    m->n_stops++;
+    return 0;
+}
+
 int stop_init(stop_matcher *m, const char *const *stops, int n_stops, st_err *err) {
     if (!m) return st_errf(err, "stop: NULL matcher");
     memset(m, 0, sizeof *m);
@@ -13,17 +27,15 @@ int stop_init(stop_matcher *m, const char *const *stops, int n_stops, st_err *er
     if (n_stops < 0 || n_stops > STOP_MAX_STRINGS)
         return st_errf(err, "stop: at most %d stop strings, got %d", STOP_MAX_STRINGS, n_stops);
     if (n_stops > 0 && !stops) return st_errf(err, "stop: NULL stop list");
-    for (int i = 0; i < n_stops; i++) {
-        if (!stops[i]) return st_errf(err, "stop: stop string %d is NULL", i);
-        size_t len = strlen(stops[i]);
-        if (len == 0) return st_errf(err, "stop: stop string %d is empty", i);
-        if (len > STOP_MAX_LEN)
-            return st_errf(err, "stop: stop string %d is %zu bytes (max %d)", i, len, STOP_MAX_LEN);
-        memcpy(m->stops[i], stops[i], len);
-        m->stop_len[i] = len;
-    }
-    m->n_stops = n_stops;
+    for (int i = 0; i < n_stops; i++)
+        if (add(m, stops[i], err)) return -1;
     return 0;
+}
+
+int stop_add(stop_matcher *m, const char *stop, st_err *err) {
+    if (m->n_stops >= STOP_MAX_STRINGS + STOP_MAX_EXTRA)
+        return st_errf(err, "stop: at most %d stop strings", STOP_MAX_STRINGS + STOP_MAX_EXTRA);
+    return add(m, stop, err);
 }
 
 void stop_free(stop_matcher *m) {
@@ -70,6 +82,7 @@ int stop_feed(stop_matcher *m, const char *piece, size_t len, const char **emit,
     }
     if (len > 0) memcpy(m->buf + m->len, piece, len);
     m->len += len;
+    m->fed += len;
     if (m->len == 0) return 0;
 
     /* Earliest match of any stop string. A match cannot start inside text

@@ -19,6 +19,13 @@
  *
  * UTF-8: if the pieces and the stop strings are valid UTF-8, every cut lands
  * on a character boundary (a match starts at the stop string's first byte).
+ * Both users feed text that common/utf8.h made valid: strata-run through
+ * tok_stream, the HTTP API (coordinator/completions.c) through utf8_stream.
+ *
+ * Offsets: `fed` counts the bytes fed so far, so before a feed it is the
+ * offset in the whole text where that piece starts (the completions API's
+ * logprobs text_offset). Nothing before a match is ever cut, so offsets of
+ * the pieces fed up to the match stay offsets into the returned text.
  */
 #ifndef STRATA_MODEL_STOP_H
 #define STRATA_MODEL_STOP_H
@@ -27,16 +34,18 @@
 
 #include "common/err.h"
 
-#define STOP_MAX_STRINGS 4
+#define STOP_MAX_STRINGS 4 /* stop_init's limit (a client's stop strings) */
+#define STOP_MAX_EXTRA 1   /* stop_add's, beyond them (a chat template's end of turn) */
 #define STOP_MAX_LEN 256
 
 typedef struct stop_matcher {
     int n_stops;
-    size_t stop_len[STOP_MAX_STRINGS];
-    char stops[STOP_MAX_STRINGS][STOP_MAX_LEN];
+    size_t stop_len[STOP_MAX_STRINGS + STOP_MAX_EXTRA];
+    char stops[STOP_MAX_STRINGS + STOP_MAX_EXTRA][STOP_MAX_LEN];
     char *buf;        /* pending text: held-back suffix + current piece */
     size_t len, cap;
     size_t emitted;   /* bytes of buf already handed out (removed on the next feed) */
+    size_t fed;       /* bytes fed so far (until the match) */
     int matched;      /* 1 once a stop string matched */
     int which;        /* index of the stop string that matched, else -1 */
 } stop_matcher;
@@ -44,6 +53,9 @@ typedef struct stop_matcher {
 /* stops[n_stops] are NUL-terminated strings; n_stops 0..4 (0: never stops,
  * nothing is held back). Errors: too many, empty, or longer than 256 bytes. */
 int stop_init(stop_matcher *m, const char *const *stops, int n_stops, st_err *err);
+/* Adds one more stop string after the list (at most STOP_MAX_EXTRA; before
+ * the first feed), e.g. the chat template's end of turn. Errors as stop_init. */
+int stop_add(stop_matcher *m, const char *stop, st_err *err);
 void stop_free(stop_matcher *m);
 
 /* Feeds piece[len]. *emit / *emit_len receive the bytes safe to output now

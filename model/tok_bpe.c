@@ -185,7 +185,7 @@ static int bpe_word(const tok_vocab *v, const char *w, size_t len, bpe_work *k, 
 static int encode_word(const tok_vocab *v, const char *raw, size_t n, char *buf, bpe_work *k,
                        tok_ids *out) {
     size_t o = 0;
-    for (size_t i = 0; i < n; i++) o += tok_utf8_encode(v->byte_cp[(uint8_t)raw[i]], buf + o);
+    for (size_t i = 0; i < n; i++) o += utf8_encode(v->byte_cp[(uint8_t)raw[i]], buf + o);
     return bpe_word(v, buf, o, k, out);
 }
 
@@ -199,19 +199,7 @@ int tok_bpe_encode(const tok_vocab *v, const char *raw, size_t raw_len, tok_ids 
     pcre2_match_data *md = NULL;
     int rc = -1;
     if (!text || !wbuf) goto oom;
-    size_t len = 0;
-    for (size_t i = 0; i < raw_len;) {
-        int r = tok_utf8_decode((const uint8_t *)raw + i, raw_len - i, NULL);
-        if (r > 0) {
-            memcpy(text + len, raw + i, (size_t)r);
-            len += (size_t)r;
-            i += (size_t)r;
-        } else {
-            memcpy(text + len, "\xEF\xBF\xBD", 3);
-            len += 3;
-            i++;
-        }
-    }
+    size_t len = utf8_sanitize_bytes_to(raw, raw_len, text);
 
     /* 2. pre-tokenize */
     const pcre2_code *re = v->re;

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/utf8.h"
 #include "model/tokenizer.h"
 
 /* ---- string → int32 map (open addressing, FNV-1a). Keys are not copied:
@@ -61,13 +62,7 @@ int tok_ids_push(tok_ids *a, int32_t id); /* -1 on out of memory */
 /* Length of a UTF-8 sequence from its first byte, llama.cpp's
  * unicode_len_utf8 (continuation and invalid lead bytes count 1). */
 size_t tok_utf8_len(uint8_t lead);
-/* Strict decode of the sequence at s (n bytes available):
- * > 0: a valid character of that many bytes (*cp set when cp != NULL);
- *   0: a valid but incomplete prefix (all n bytes);
- * < 0: invalid; -k is the length of the maximal subpart to replace by U+FFFD. */
-int tok_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp);
-/* Writes cp as UTF-8 (1..4 bytes) to out; returns the length. */
-size_t tok_utf8_encode(uint32_t cp, char *out);
+/* Strict decoding and encoding: common/utf8.h (utf8_decode, utf8_encode). */
 
 /* ---- the vocabulary ---- */
 enum tok_pre { TOK_PRE_GPT2 = 0, TOK_PRE_LLAMA3 = 1 };

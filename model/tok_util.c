@@ -1,5 +1,6 @@
 /* tok_util.c — the tokenizer's small containers (string→id map, heap, id
- * array) and its UTF-8 helpers. No vocabulary knowledge lives here.
+ * array) and llama.cpp's UTF-8 sequence length. No vocabulary knowledge lives
+ * here; strict UTF-8 decoding is common/utf8.h's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -167,65 +168,4 @@ int tok_ids_push(tok_ids *a, int32_t id) {
 size_t tok_utf8_len(uint8_t lead) {
     static const uint8_t lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return lookup[lead >> 4];
-}
-
-/* Unicode 15, table 3-7 (well-formed UTF-8 byte sequences). */
-int tok_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
-    if (n == 0) return 0;
-    uint8_t b0 = s[0];
-    if (b0 < 0x80) {
-        if (cp) *cp = b0;
-        return 1;
-    }
-    size_t need;
-    uint8_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    uint32_t c;
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-        need = 2;
-        c = b0 & 0x1F;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-        need = 3;
-        c = b0 & 0x0F;
-        if (b0 == 0xE0) lo = 0xA0;
-        if (b0 == 0xED) hi = 0x9F;
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-        need = 4;
-        c = b0 & 0x07;
-        if (b0 == 0xF0) lo = 0x90;
-        if (b0 == 0xF4) hi = 0x8F;
-    } else {
-        return -1;
-    }
-    for (size_t i = 1; i < need; i++) {
-        if (i >= n) return 0; /* valid so far, incomplete */
-        uint8_t b = s[i];
-        uint8_t l = i == 1 ? lo : 0x80, h = i == 1 ? hi : 0xBF;
-        if (b < l || b > h) return -(int)i;
-        c = (c << 6) | (b & 0x3F);
-    }
-    if (cp) *cp = c;
-    return (int)need;
-}
-
-size_t tok_utf8_encode(uint32_t cp, char *out) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }

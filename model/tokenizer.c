@@ -95,7 +95,7 @@ static size_t compute_piece(const tok_vocab *v, int32_t id, char *out) {
      * are copied unchanged. */
     for (size_t i = 0; i < tl;) {
         uint32_t cp;
-        int r = tok_utf8_decode((const uint8_t *)t + i, tl - i, &cp);
+        int r = utf8_decode((const uint8_t *)t + i, tl - i, &cp);
         if (r > 0 && cp < sizeof v->cp_byte / sizeof v->cp_byte[0] && v->cp_byte[cp] >= 0) {
             out[o++] = (char)v->cp_byte[cp];
             i += (size_t)r;
@@ -520,10 +520,8 @@ int tok_detokenize(const tok_vocab *v, const int32_t *ids, size_t n, bool remove
 struct tok_stream {
     const tok_vocab *v;
     bool strip_next;
-    uint8_t held[4];
-    size_t n_held;
+    utf8_stream u; /* the character boundary and U+FFFD (common/utf8.h) */
     size_t max_out;
-    char *work; /* held bytes + one piece */
 };
 
 tok_stream *tok_stream_new(const tok_vocab *v, bool strip_first_space) {
@@ -531,61 +529,21 @@ tok_stream *tok_stream_new(const tok_vocab *v, bool strip_first_space) {
     if (!ts) return NULL;
     ts->v = v;
     ts->strip_next = strip_first_space;
-    /* every input byte yields at most 3 output bytes (U+FFFD) */
-    ts->max_out = 3 * (v->max_piece_len + 4);
-    ts->work = malloc(v->max_piece_len + 8);
-    if (!ts->work) {
-        free(ts);
-        return NULL;
-    }
+    /* a piece, or a flush plus one U+FFFD for a bad id */
+    ts->max_out = UTF8_STREAM_MAX_OUT(v->max_piece_len + 1);
     return ts;
 }
 
-void tok_stream_free(tok_stream *ts) {
-    if (!ts) return;
-    free(ts->work);
-    free(ts);
-}
+void tok_stream_free(tok_stream *ts) { free(ts); }
 
 size_t tok_stream_max_out(const tok_stream *ts) { return ts->max_out; }
-
-/* Emits work[0..n) as valid UTF-8, keeping an incomplete tail in held. */
-static size_t emit(tok_stream *ts, const uint8_t *w, size_t n, char *out) {
-    size_t o = 0;
-    ts->n_held = 0;
-    for (size_t i = 0; i < n;) {
-        int r = tok_utf8_decode(w + i, n - i, NULL);
-        if (r > 0) {
-            memcpy(out + o, w + i, (size_t)r);
-            o += (size_t)r;
-            i += (size_t)r;
-        } else if (r == 0) { /* incomplete: hold (at most 3 bytes) */
-            memcpy(ts->held, w + i, n - i);
-            ts->n_held = n - i;
-            break;
-        } else {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i += (size_t)-r;
-        }
-    }
-    return o;
-}
 
 int tok_stream_push(tok_stream *ts, int32_t id, char *out, size_t cap) {
     if (cap < ts->max_out) return -1;
     const tok_vocab *v = ts->v;
-    size_t n = ts->n_held;
-    memcpy(ts->work, ts->held, n);
-    if (!valid_id(v, id)) {
-        /* flush what was held, then one U+FFFD for the bad id */
-        size_t o = emit(ts, (const uint8_t *)ts->work, n, out);
-        if (ts->n_held) {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            ts->n_held = 0;
-        }
-        memcpy(out + o, "\xEF\xBF\xBD", 3);
+    if (!valid_id(v, id)) { /* what was held, then one U+FFFD for the bad id */
+        size_t o = utf8_stream_flush(&ts->u, out);
+        memcpy(out + o, UTF8_REPLACEMENT, 3);
         ts->strip_next = false;
         return (int)(o + 3);
     }
@@ -596,17 +554,10 @@ int tok_stream_push(tok_stream *ts, int32_t id, char *out, size_t cap) {
         pl--;
     }
     ts->strip_next = false;
-    memcpy(ts->work + n, p, pl);
-    return (int)emit(ts, (const uint8_t *)ts->work, n + pl, out);
+    return (int)utf8_stream_push(&ts->u, p, pl, out);
 }
 
 int tok_stream_flush(tok_stream *ts, char *out, size_t cap) {
     if (cap < ts->max_out) return -1;
-    size_t o = 0;
-    if (ts->n_held) { /* a valid but unfinished prefix is one maximal subpart */
-        memcpy(out, "\xEF\xBF\xBD", 3);
-        o = 3;
-    }
-    ts->n_held = 0;
-    return (int)o;
+    return (int)utf8_stream_flush(&ts->u, out);
 }

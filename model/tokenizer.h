@@ -119,7 +119,8 @@ int tok_detokenize(const tok_vocab *v, const int32_t *ids, size_t n, bool remove
  * sequence is held until the bytes that complete it arrive; a sequence that
  * cannot be completed (invalid byte, truncated character) comes out as
  * U+FFFD (one per maximal invalid subpart, as in the Unicode standard's
- * "U+FFFD substitution of maximal subparts"). An out-of-range id gives
+ * "U+FFFD substitution of maximal subparts"; common/utf8.h's utf8_stream,
+ * which the HTTP API's text uses too). An out-of-range id gives
  * U+FFFD. Pieces are concatenated unchanged (as llama-server builds its
  * completion text), except that with strip_first_space one leading space of
  * the first pushed token's piece is dropped (llama_detokenize's rule for a

@@ -1,5 +1,6 @@
 /* test_completions.c — request validation defaults, stop-string holdback,
  * UTF-8 handling and chunk shapes, without HTTP. */
+#include "common/utf8.h"
 #include "coordinator/completions.h"
 #include "tests/testutil.h"
 
@@ -81,12 +82,12 @@ int main(void) {
     compl_request_free(&r);
 
     /* UTF-8 helpers. */
-    CHECK_EQ_INT(compl_utf8_incomplete_tail("a\xC3", 2), 1);
-    CHECK_EQ_INT(compl_utf8_incomplete_tail("a\xF0\x9F\x98", 4), 3);
-    CHECK_EQ_INT(compl_utf8_incomplete_tail("a\xF0\x9F\x98\x80", 5), 0);
-    CHECK_EQ_INT(compl_utf8_incomplete_tail("abc", 3), 0);
+    CHECK_EQ_INT(utf8_incomplete_tail("a\xC3", 2), 1);
+    CHECK_EQ_INT(utf8_incomplete_tail("a\xF0\x9F\x98", 4), 3);
+    CHECK_EQ_INT(utf8_incomplete_tail("a\xF0\x9F\x98\x80", 5), 0);
+    CHECK_EQ_INT(utf8_incomplete_tail("abc", 3), 0);
     size_t n;
-    char *s = compl_utf8_sanitize("a\xC0\xAFz\xED\xA0\x80", 7, &n); /* overlong, surrogate */
+    char *s = utf8_sanitize("a\xC0\xAFz\xED\xA0\x80", 7, &n); /* overlong, surrogate */
     CHECK_EQ_STR(s, "a\xEF\xBF\xBD\xEF\xBF\xBDz\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
     free(s);
 
