@@ -20,10 +20,10 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "coordinator/cluster.h"
-#include "coordinator/cluster_config.h"
-#include "coordinator/control_service.h"
-#include "coordinator/http_api.h"
+#include "coordinator/serve/cluster.h"
+#include "coordinator/config/cluster_config.h"
+#include "coordinator/control/control_service.h"
+#include "coordinator/api/http_api.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -227,7 +227,7 @@ int main(int argc, char **argv) {
     engine = cluster_engine(cl);
 serve:;
     http_api_config hc = {cfg.http_host, cfg.http_port, cfg.max_body_bytes, cfg.model_name, n_ctx,
-                          chat_template};
+                          chat_template, compl_tokenizer_vocab(vocab)};
     api = http_api_create(base, &hc, &engine, &err);
     if (!api) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);

@@ -6,9 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "coordinator/placement.h"
-#include "coordinator/registry.h"
-#include "coordinator/state_file.h"
+#include "coordinator/control/placement.h"
+#include "coordinator/control/registry.h"
+#include "coordinator/control/state_file.h"
 #include "rpc/rpc_code.h"
 #include "tests/testutil.h"
 

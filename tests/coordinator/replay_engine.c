@@ -8,7 +8,7 @@
 struct replay_seq {
     replay_engine *r;
     uint64_t id;
-    const compl_request *req;
+    coord_request req;
     const coord_sink *sink;
     void *ctx;
     struct event *timer;
@@ -39,7 +39,7 @@ static void tick(evutil_socket_t fd, short what, void *arg) {
         s->sink->on_prompt(s->ctx, s->prompt_ids, s->n_prompt);
     } else {
         int i = s->step - 1;
-        int limit = s->req->max_tokens < r->n_script ? s->req->max_tokens : r->n_script;
+        int limit = s->req.max_tokens < r->n_script ? s->req.max_tokens : r->n_script;
         if (r->fail_after > 0 && i >= r->fail_after) {
             r->finished++;
             s->sink->on_finish(s->ctx, COORD_FINISH_ERROR, "replay: stage lost");
@@ -48,7 +48,7 @@ static void tick(evutil_socket_t fd, short what, void *arg) {
         }
         if (i >= limit) {
             r->finished++;
-            enum coord_finish f = s->req->max_tokens <= r->n_script ? COORD_FINISH_LENGTH
+            enum coord_finish f = s->req.max_tokens <= r->n_script ? COORD_FINISH_LENGTH
                                                                     : COORD_FINISH_STOP;
             s->sink->on_finish(s->ctx, f, NULL);
             seq_remove(r, s);
@@ -56,10 +56,10 @@ static void tick(evutil_socket_t fd, short what, void *arg) {
         }
         s->step++;
         const char *piece = r->script_pieces[i];
-        compl_logprobs lp, *lpp = NULL;
+        coord_logprobs lp, *lpp = NULL;
         const char *tops[2] = {piece, "zz"};
         float topv[2] = {-0.25f * (float)(i + 1), -3.0f};
-        if (s->req->logprobs >= 0) {
+        if (s->req.logprobs) {
             lp.logprob = topv[0];
             lp.n_top = 2;
             lp.top_pieces = tops;
@@ -77,25 +77,24 @@ static void tick(evutil_socket_t fd, short what, void *arg) {
     evtimer_add(s->timer, &tv);
 }
 
-static int rp_submit(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
+static int rp_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                      uint64_t *id_out, st_err *err) {
     replay_engine *r = impl;
     r->submits++;
     if (r->busy) return st_errf(err, "replay: queue full"), COORD_EBUSY;
-    int n_prompt = (int)req->prompt_len + 1;
+    int n_prompt = req->n_prompt;
     if (r->n_ctx > 0 && n_prompt + req->max_tokens > r->n_ctx)
         return st_errf(err, "replay: %d prompt tokens + %d > context %d", n_prompt,
                        req->max_tokens, r->n_ctx),
                COORD_ECONTEXT;
     replay_seq *s = calloc(1, sizeof *s);
     s->prompt_ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
-    s->prompt_ids[0] = 1;
-    for (size_t i = 0; i < req->prompt_len; i++)
-        s->prompt_ids[i + 1] = (unsigned char)req->prompt[i] + 3;
+    memcpy(s->prompt_ids, req->prompt, sizeof(int32_t) * (size_t)n_prompt);
     s->n_prompt = n_prompt;
     s->r = r;
     s->id = ++r->next_id;
-    s->req = req;
+    s->req = *req;
+    s->req.prompt = s->prompt_ids;
     s->sink = sink;
     s->ctx = ctx;
     s->timer = evtimer_new(r->base, tick, s);
@@ -139,4 +138,21 @@ coord_engine replay_engine_iface(replay_engine *r) {
 
 void replay_engine_free(replay_engine *r) {
     while (r->seqs) seq_remove(r, r->seqs);
+}
+
+/* BOS (1), then one id per byte (byte + 3). */
+static int rp_encode(void *ctx, const char *text, size_t len, bool parse_special, int32_t **ids, size_t *n,
+                     st_err *err) {
+    (void)ctx, (void)parse_special;
+    *ids = malloc(sizeof(int32_t) * (len + 1));
+    if (!*ids) return st_errf(err, "replay: out of memory");
+    (*ids)[0] = 1;
+    for (size_t i = 0; i < len; i++) (*ids)[i + 1] = (unsigned char)text[i] + 3;
+    *n = len + 1;
+    return 0;
+}
+
+compl_tokenizer replay_tokenizer(void) {
+    compl_tokenizer t = {rp_encode, NULL};
+    return t;
 }

@@ -1,8 +1,8 @@
-/* replay_engine.h — TEST DOUBLE of coord_engine (coordinator/engine_api.h):
+/* replay_engine.h — TEST DOUBLE of coord_engine (coordinator/serve/engine_api.h):
  * it generates nothing; it replays a fixed script of (id, piece) tokens on
  * event-loop timers, one token per tick, so the HTTP layer can be tested
- * without a model. Prompt "tokenization": BOS (1) then one id per byte
- * (byte + 3). Finishes LENGTH at max_tokens, else STOP at the script's end.
+ * without a model. Its tokenizer double (replay_tokenizer, for the HTTP
+ * layer): BOS (1) then one id per byte (byte + 3). Finishes LENGTH at max_tokens, else STOP at the script's end.
  * Counts submits and cancels so tests can check that a disconnect cancels.
  */
 #ifndef STRATA_TESTS_REPLAY_ENGINE_H
@@ -10,7 +10,8 @@
 
 #include <stdint.h>
 
-#include "coordinator/engine_api.h"
+#include "coordinator/api/completions.h"
+#include "coordinator/serve/engine_api.h"
 
 struct event_base;
 
@@ -35,5 +36,6 @@ typedef struct replay_engine {
 void replay_engine_init(replay_engine *r, struct event_base *base);
 coord_engine replay_engine_iface(replay_engine *r);
 void replay_engine_free(replay_engine *r);
+compl_tokenizer replay_tokenizer(void);
 
 #endif

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/completions.h"
+#include "coordinator/api/completions.h"
 #include "model/chat_template.h"
 #include "tests/testutil.h"
 
@@ -84,7 +84,7 @@ static void test_shapes(void) {
     free(s);
     const char *tp[] = {" A"};
     float tl[] = {-0.5f};
-    compl_logprobs lp = {-0.5f, 1, tp, tl};
+    coord_logprobs lp = {-0.5f, 1, tp, tl};
     CHECK_EQ_INT(compl_output_token(&o, 9, " A", 2, &lp), 0);
     bool none;
     s = compl_output_chunk(&o, &m, NULL, &none);

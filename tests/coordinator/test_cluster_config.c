@@ -1,6 +1,6 @@
 /* test_cluster_config.c — the cluster INI: a full example, defaults, placement,
  * and errors that name the line. */
-#include "coordinator/cluster_config.h"
+#include "coordinator/config/cluster_config.h"
 #include "tests/testutil.h"
 
 #include <unistd.h>

@@ -1,7 +1,7 @@
 /* test_completions.c — request validation defaults, stop-string holdback,
  * UTF-8 handling and chunk shapes, without HTTP. */
 #include "common/utf8.h"
-#include "coordinator/completions.h"
+#include "coordinator/api/completions.h"
 #include "tests/testutil.h"
 
 #include <jansson.h>

@@ -4,7 +4,7 @@
  * non-streaming shapes, SSE framing ending with [DONE], return_token_ids,
  * stop strings, logprobs, echo, UTF-8 split across tokens, 413/429/503, and
  * cancellation when the client disconnects. */
-#include "coordinator/http_api.h"
+#include "coordinator/api/http_api.h"
 #include "tests/coordinator/replay_engine.h"
 #include "tests/testutil.h"
 
@@ -527,7 +527,7 @@ int main(void) {
     eng.n_script = 7;
     eng.n_ctx = 256;
     coord_engine ce = replay_engine_iface(&eng);
-    http_api_config cfg = {"127.0.0.1", 0, 1u << 20, "tiny", 256, NULL};
+    http_api_config cfg = {"127.0.0.1", 0, 1u << 20, "tiny", 256, NULL, replay_tokenizer()};
     st_err err;
     api = http_api_create(base, &cfg, &ce, &err);
     REQUIRE_MSG(api, "%s", err.msg);

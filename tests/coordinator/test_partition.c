@@ -1,5 +1,5 @@
 /* test_partition.c — layer placement: vLLM's even split, explicit lists, refusals. */
-#include "coordinator/partition.h"
+#include "coordinator/config/partition.h"
 #include "tests/testutil.h"
 
 static void check_split(int n_layers, int n_stages, const int *want) {

@@ -1,7 +1,7 @@
 /* test_sched.c — the scheduler core with real counts: block accounting after
  * finish and cancel, micro-batches in flight per stage, chunked prefill,
  * admission by KV capacity, queue-full rejection, aborts and bad input. */
-#include "coordinator/sched.h"
+#include "coordinator/serve/sched.h"
 #include "tests/testutil.h"
 
 static sched_config base_cfg(int n_stages) {

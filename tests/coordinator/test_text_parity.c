@@ -22,7 +22,7 @@
 
 #include "common/strbuf.h"
 #include "common/utf8.h"
-#include "coordinator/completions.h"
+#include "coordinator/api/completions.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/stop.h"
@@ -151,7 +151,7 @@ static void http_path(const int32_t *ids, int n, const char *const *stops, int n
     st_strbuf_putn(&st, "", 0);
     h->stream_offsets = json_array();
     char piece[64];
-    compl_logprobs lp = {-1.0f, 0, NULL, NULL};
+    coord_logprobs lp = {-1.0f, 0, NULL, NULL};
     bool stopped = false;
     for (int i = 0; i < n && !stopped; i++) {
         int k = tok_piece(V, ids[i], piece, sizeof piece); /* cluster.c's piece_of */

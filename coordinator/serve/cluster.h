@@ -60,9 +60,9 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "coordinator/cluster_config.h"
-#include "coordinator/engine_api.h"
-#include "coordinator/partition.h"
+#include "coordinator/config/cluster_config.h"
+#include "coordinator/serve/engine_api.h"
+#include "coordinator/config/partition.h"
 #include "model/tokenizer.h"
 
 struct event_base;

@@ -1,6 +1,6 @@
 /* placement.c — stage memory, automatic placement and explicit-placement
  * checks for live mode (placement.h). */
-#include "coordinator/placement.h"
+#include "coordinator/control/placement.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* state_file.c — the live cluster state as an atomically written JSON file
  * (state_file.h). */
-#include "coordinator/state_file.h"
+#include "coordinator/control/state_file.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /* metrics_coord.c — the coordinator's metric families and the scrape-time
  * collector over the engine's stats. See metrics_coord.h. */
-#include "coordinator/metrics_coord.h"
+#include "coordinator/api/metrics_coord.h"
 
 #include <stdio.h>
 #include <stdlib.h>

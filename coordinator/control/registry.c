@@ -1,5 +1,5 @@
 /* registry.c — nodes, leases, heartbeats and failure detection (registry.h). */
-#include "coordinator/registry.h"
+#include "coordinator/control/registry.h"
 
 #include <stdio.h>
 #include <stdlib.h>

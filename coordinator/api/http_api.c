@@ -1,6 +1,6 @@
 /* http_api.c — evhttp routes, completions request lifecycle, SSE streaming
  * and cancellation on client disconnect. See http_api.h. */
-#include "coordinator/http_api.h"
+#include "coordinator/api/http_api.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
@@ -20,7 +20,8 @@
 
 #include "common/log.h"
 #include "common/metrics.h"
-#include "coordinator/metrics_coord.h"
+#include "coordinator/api/completions.h"
+#include "coordinator/api/metrics_coord.h"
 #include "model/chat_template.h"
 
 typedef struct call call;
@@ -31,6 +32,7 @@ typedef struct call call;
 
 struct http_api {
     struct event_base *base;
+    compl_tokenizer tokenizer;
     struct evhttp *http;
     coord_engine *engine;
     char *model_name;
@@ -205,7 +207,7 @@ static void sink_prompt(void *ctx, const int32_t *ids, int n) {
 }
 
 static void sink_token(void *ctx, int32_t id, const char *piece, size_t len,
-                       const compl_logprobs *lp) {
+                       const coord_logprobs *lp) {
     call *c = ctx;
     double now = mono_s();
     if (c->n_tokens++ == 0) {
@@ -319,9 +321,17 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     snprintf(c->params.request_id, sizeof c->params.request_id, "%s", c->meta.id);
     c->meta.created = (int64_t)time(NULL);
     c->meta.model = api->model_name;
+    coord_request ereq;
+    int32_t *ids = NULL;
+    if (compl_engine_request(&c->params, &api->tokenizer, &ereq, &ids, &e) != 0) {
+        ST_REQ_INFO(c->meta.id, "http: refused (%d): %s", e.status, e.message);
+        reply_error(api, req, &e);
+        call_free(c);
+        return;
+    }
     st_err err = {{0}};
-    int rc = api->engine->ops->submit(api->engine->impl, &c->params, &http_sink, c, &c->engine_id,
-                                      &err);
+    int rc = api->engine->ops->submit(api->engine->impl, &ereq, &http_sink, c, &c->engine_id, &err);
+    free(ids);
     if (rc != COORD_OK) {
         switch (rc) {
         case COORD_EINVAL:
@@ -485,13 +495,15 @@ static void on_request(struct evhttp_request *req, void *arg) {
 
 http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
                           coord_engine *engine, st_err *err) {
-    if (!base || !engine || !engine->ops || !engine->ops->submit || !engine->ops->cancel)
-        return (void)st_errf(err, "http: no event base or engine"), NULL;
+    if (!base || !engine || !engine->ops || !engine->ops->submit || !engine->ops->cancel ||
+        !cfg->tokenizer.encode)
+        return (void)st_errf(err, "http: no event base, engine or tokenizer"), NULL;
     http_api *api = calloc(1, sizeof *api);
     if (!api) return (void)st_errf(err, "http: out of memory"), NULL;
     api->base = base;
     api->engine = engine;
     api->n_ctx = cfg->n_ctx;
+    api->tokenizer = cfg->tokenizer;
     api->model_name = strdup(cfg->model_name ? cfg->model_name : "strata");
     api->chat_format = (int)chat_select(cfg->chat_template);
     ST_INFO("http: chat completions use the %s chat format",

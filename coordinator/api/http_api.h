@@ -22,13 +22,14 @@
  * A client that disconnects before its completion is done (stream or not)
  * has its request cancelled through the engine (engine_api.h).
  */
-#ifndef STRATA_COORDINATOR_HTTP_API_H
-#define STRATA_COORDINATOR_HTTP_API_H
+#ifndef STRATA_COORDINATOR_API_HTTP_API_H
+#define STRATA_COORDINATOR_API_HTTP_API_H
 
 #include <stddef.h>
 
 #include "common/err.h"
-#include "coordinator/engine_api.h"
+#include "coordinator/api/completions.h"
+#include "coordinator/serve/engine_api.h"
 
 struct event_base;
 typedef struct http_api http_api;
@@ -40,6 +41,7 @@ typedef struct http_api_config {
     const char *model_name; /* the "model" of responses and /v1/models */
     int n_ctx;              /* context length for max_tokens validation; 0 = no check */
     const char *chat_template; /* the GGUF's tokenizer.chat_template; NULL = none (plain) */
+    compl_tokenizer tokenizer; /* prompts to token ids for the engine (compl_tokenizer_vocab) */
 } http_api_config;
 
 /* Binds and serves on base. The engine must outlive the server. */

@@ -42,6 +42,9 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "coordinator/api/api_error.h"
+#include "coordinator/serve/engine_api.h"
+#include "model/tokenizer.h"
 #include "common/utf8.h"
 #include "model/stop.h"
 
@@ -87,20 +90,6 @@ typedef struct compl_request {
     char request_id[48];
 } compl_request;
 
-/* An API error: HTTP status and the OpenAI error object. */
-typedef struct compl_error {
-    int status;
-    char message[ST_ERR_MSG_MAX];
-    const char *type;       /* "invalid_request_error", "server_error", ... */
-    char param[64];         /* "" = null */
-    const char *code;       /* NULL = null */
-} compl_error;
-
-void compl_error_set(compl_error *e, int status, const char *type, const char *param,
-                     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* {"error":{...}} as a malloc'd string (NULL on out of memory). */
-char *compl_error_json(const compl_error *e);
-
 typedef struct compl_limits {
     int n_ctx;              /* max_tokens above this is refused; 0 = no check */
     const char *model_name; /* a request naming another model gets 404; NULL = any */
@@ -120,13 +109,24 @@ int compl_parse_chat(const char *body, size_t len, const compl_limits *lim, comp
                      compl_error *e);
 void compl_request_free(compl_request *r);
 
-/* Logprobs of one generated token, as the engine reports them. */
-typedef struct compl_logprobs {
-    float logprob;                 /* of the sampled token */
-    int n_top;
-    const char *const *top_pieces; /* n_top texts (NUL-terminated raw bytes) */
-    const float *top_logprobs;     /* n_top, descending */
-} compl_logprobs;
+/* How prompts become token ids: tok_encode over the model's vocabulary
+ * (compl_tokenizer_vocab), or a test double. encode gives *ids (malloc'd)
+ * with BOS added, parsing special-token text when parse_special; 0 or -1 +
+ * err. */
+typedef struct compl_tokenizer {
+    int (*encode)(void *ctx, const char *text, size_t len, bool parse_special, int32_t **ids, size_t *n,
+                  st_err *err);
+    void *ctx;
+} compl_tokenizer;
+compl_tokenizer compl_tokenizer_vocab(const tok_vocab *vocab);
+
+/* The engine's request for q (serve/engine_api.h): the prompt tokenized
+ * (chat prompts with parse_special, as their template text holds special
+ * tokens), the sampling parameters, limits and request id. *ids (malloc'd,
+ * the caller frees) backs out->prompt. -1 with e (400) when the prompt does
+ * not tokenize or has no tokens. */
+int compl_engine_request(const compl_request *q, const compl_tokenizer *tok, coord_request *out, int32_t **ids,
+                         compl_error *e);
 
 /* Identity of a response: shared by every chunk of a stream. */
 typedef struct compl_meta {
@@ -165,7 +165,7 @@ int compl_output_prompt(compl_output *o, const int32_t *ids, int n);
  * has now matched (the caller stops the sequence), 0 otherwise, -1 on out of
  * memory. After a match further calls only count the token. */
 int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t len,
-                       const compl_logprobs *lp);
+                       const coord_logprobs *lp);
 /* Streaming: "data: {chunk}\n\n" payload JSON (malloc'd) with what is new and
  * ready, or NULL when nothing is (*none = true). finish != NULL makes it the
  * last chunk: everything held back is flushed and finish_reason is set

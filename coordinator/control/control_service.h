@@ -26,9 +26,9 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "coordinator/cluster_config.h"
-#include "coordinator/engine_api.h"
-#include "coordinator/registry.h"
+#include "coordinator/config/cluster_config.h"
+#include "coordinator/serve/engine_api.h"
+#include "coordinator/control/registry.h"
 #include "model/tokenizer.h"
 
 struct event_base;

@@ -1,6 +1,6 @@
 /* sched.c — queue, sequence states, KV block tables and micro-batch formation.
  * See sched.h for the policy. */
-#include "coordinator/sched.h"
+#include "coordinator/serve/sched.h"
 
 #include <stdlib.h>
 #include <string.h>

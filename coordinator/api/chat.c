@@ -1,5 +1,5 @@
 /* chat.c — OpenAI chat messages to the chat template's prompt text. See chat.h. */
-#include "coordinator/chat.h"
+#include "coordinator/api/chat.h"
 
 #include <stdlib.h>
 #include <string.h>

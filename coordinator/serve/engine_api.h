@@ -1,16 +1,18 @@
-/* engine_api.h — the narrow interface between the HTTP layer and whatever
- * generates tokens (the scheduler driving workers over UCX; in tests, a
- * replaying test double). The HTTP layer knows nothing of stages or batches.
+/* engine_api.h — the narrow interface between the front ends (the HTTP API,
+ * the gRPC Generate call) and whatever generates tokens (the scheduler
+ * driving workers over UCX; in tests, a replaying test double). The front
+ * ends know nothing of stages or batches, and the engine nothing of OpenAI
+ * bodies: a request is token ids, sampling parameters and limits.
  *
  * Contract (all calls and callbacks on the coordinator's event-loop thread):
- * - submit() validates against the model (tokenizes the prompt, checks the
- *   context and the queue) and returns COORD_OK with a request id, or an error
+ * - submit() validates against the model (checks the context and the
+ *   queue) and returns COORD_OK with a request id, or an error
  *   status (mapped to HTTP: EINVAL/ECONTEXT 400, EBUSY 429, EUNAVAIL 503,
  *   EINTERNAL 500) with a message in err. It must not call the sink from
  *   inside submit().
  * - Later, from the event loop: on_prompt once (the prompt's token ids), then
  *   on_token for each generated token (its text piece as raw bytes, possibly
- *   an incomplete UTF-8 sequence; lp non-NULL when req->logprobs >= 0), then
+ *   an incomplete UTF-8 sequence; lp non-NULL when req->logprobs), then
  *   exactly one on_finish: STOP (EOS), LENGTH (max_tokens or the context) or
  *   ERROR (the message says why). The EOS token itself is not passed to
  *   on_token.
@@ -19,14 +21,15 @@
  *   the engine frees the sequence (and its KV blocks) as soon as it can.
  *   Cancelling an id that already finished is a no-op.
  */
-#ifndef STRATA_COORDINATOR_ENGINE_API_H
-#define STRATA_COORDINATOR_ENGINE_API_H
+#ifndef STRATA_COORDINATOR_SERVE_ENGINE_API_H
+#define STRATA_COORDINATOR_SERVE_ENGINE_API_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/err.h"
-#include "coordinator/completions.h"
+#include "model/sampler.h"
 
 enum coord_finish { COORD_FINISH_STOP = 0, COORD_FINISH_LENGTH = 1, COORD_FINISH_ERROR = 2 };
 
@@ -39,10 +42,32 @@ enum coord_status {
     COORD_EINTERNAL = -5, /* 500 */
 };
 
+/* A generation request in the engine's terms. The front end tokenizes. */
+typedef struct coord_request {
+    const int32_t *prompt;   /* n_prompt >= 1 token ids, BOS included; submit copies them */
+    int n_prompt;
+    int max_tokens;          /* >= 1 */
+    bool max_tokens_auto;    /* max_tokens was not given: clamp it to the context */
+    sampler_params sampling; /* temperature, top-k/p, min-p, penalties, seed,
+                                n_top_logprobs (alternatives reported with logprobs) */
+    bool has_seed;           /* false: the engine picks sampling.seed */
+    bool ignore_eos;         /* generate past EOS up to max_tokens */
+    bool logprobs;           /* report each token's logprob (on_token's lp) */
+    char request_id[48];     /* for logs and the workers; "" = none */
+} coord_request;
+
+/* Logprobs of one generated token, as the engine reports them. */
+typedef struct coord_logprobs {
+    float logprob;                 /* of the sampled token */
+    int n_top;
+    const char *const *top_pieces; /* n_top texts (NUL-terminated raw bytes) */
+    const float *top_logprobs;     /* n_top, descending */
+} coord_logprobs;
+
 typedef struct coord_sink {
     void (*on_prompt)(void *ctx, const int32_t *ids, int n);
     void (*on_token)(void *ctx, int32_t id, const char *piece, size_t len,
-                     const compl_logprobs *lp);
+                     const coord_logprobs *lp);
     void (*on_finish)(void *ctx, enum coord_finish reason, const char *message);
 } coord_sink;
 
@@ -77,8 +102,8 @@ typedef struct coord_engine_stats {
 } coord_engine_stats;
 
 typedef struct coord_engine_ops {
-    /* req stays valid until on_finish or cancel. */
-    int (*submit)(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
+    /* req is copied (its prompt too). */
+    int (*submit)(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                   uint64_t *id_out, st_err *err);
     void (*cancel)(void *impl, uint64_t id);
     /* 0 when a placement serves; -1 + err otherwise (GET /health answers 503). */

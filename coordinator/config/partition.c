@@ -1,5 +1,5 @@
 /* partition.c — layer placement over pipeline stages. See partition.h. */
-#include "coordinator/partition.h"
+#include "coordinator/config/partition.h"
 
 #include <ctype.h>
 #include <errno.h>

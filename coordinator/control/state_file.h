@@ -11,8 +11,8 @@
 #define STRATA_COORDINATOR_STATE_FILE_H
 
 #include "common/err.h"
-#include "coordinator/placement.h"
-#include "coordinator/registry.h"
+#include "coordinator/control/placement.h"
+#include "coordinator/control/registry.h"
 
 /* Writes the state. -1 + err (the path and errno) on failure. */
 int state_save(const char *path, const placement *p, uint64_t last_epoch, const char *model_sha256,

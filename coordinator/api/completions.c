@@ -1,7 +1,7 @@
 /* completions.c — OpenAI completions: request validation, the completion
  * text (common/utf8.h + model/stop.h, as strata-run), and response / chunk
  * JSON. See completions.h. */
-#include "coordinator/completions.h"
+#include "coordinator/api/completions.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -11,39 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/chat.h"
+#include "coordinator/api/chat.h"
 #include "model/chat_template.h"
-
-/* ---- errors ---------------------------------------------------------------- */
-
-void compl_error_set(compl_error *e, int status, const char *type, const char *param,
-                     const char *code, const char *fmt, ...) {
-    if (!e) return;
-    e->status = status;
-    e->type = type;
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-}
-
-char *compl_error_json(const compl_error *e) {
-    size_t n;
-    char *msg = utf8_sanitize(e->message, strlen(e->message), &n);
-    if (!msg) return NULL;
-    json_t *err = json_pack("{s:s%,s:s,s:o,s:o}", "message", msg, n, "type",
-                            e->type ? e->type : "invalid_request_error", "param",
-                            e->param[0] ? json_string(e->param) : json_null(), "code",
-                            e->code ? json_string(e->code) : json_null());
-    free(msg);
-    if (!err) return NULL;
-    json_t *root = json_pack("{s:o}", "error", err);
-    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
-    json_decref(root);
-    return s;
-}
 
 /* ---- JSON strings ------------------------------------------------------------ */
 
@@ -320,6 +289,54 @@ void compl_request_free(compl_request *r) {
     r->logprobs = -1;
 }
 
+static int vocab_encode(void *ctx, const char *text, size_t len, bool parse_special, int32_t **ids, size_t *n,
+                        st_err *err) {
+    return tok_encode(ctx, text, len, true, parse_special, ids, n, err);
+}
+
+compl_tokenizer compl_tokenizer_vocab(const tok_vocab *vocab) {
+    compl_tokenizer t = {vocab_encode, (void *)vocab};
+    return t;
+}
+
+int compl_engine_request(const compl_request *q, const compl_tokenizer *tok, coord_request *out, int32_t **ids,
+                         compl_error *e) {
+    memset(out, 0, sizeof *out);
+    *ids = NULL;
+    size_t n = 0;
+    st_err err = {{0}};
+    /* Chat prompts hold the template's special-token text (docs/chat-templates.md). */
+    if (tok->encode(tok->ctx, q->prompt, q->prompt_len, q->chat, ids, &n, &err) != 0) {
+        compl_error_set(e, 400, "invalid_request_error", NULL, NULL, "%s", err.msg);
+        return -1;
+    }
+    if (n == 0) {
+        free(*ids);
+        *ids = NULL;
+        compl_error_set(e, 400, "invalid_request_error", NULL, NULL, "the prompt has no tokens");
+        return -1;
+    }
+    out->prompt = *ids;
+    out->n_prompt = (int)n;
+    out->max_tokens = q->max_tokens;
+    out->max_tokens_auto = q->max_tokens_auto;
+    out->sampling = sampler_default_params();
+    out->sampling.temperature = (float)q->temperature;
+    out->sampling.top_k = q->top_k;
+    out->sampling.top_p = (float)q->top_p;
+    out->sampling.min_p = (float)q->min_p;
+    out->sampling.repeat_penalty = 1.0f;
+    out->sampling.presence_penalty = (float)q->presence_penalty;
+    out->sampling.frequency_penalty = (float)q->frequency_penalty;
+    out->sampling.seed = (uint64_t)q->seed;
+    out->sampling.n_top_logprobs = q->logprobs > 0 ? q->logprobs : 0;
+    out->has_seed = q->has_seed;
+    out->ignore_eos = q->ignore_eos;
+    out->logprobs = q->logprobs >= 0;
+    snprintf(out->request_id, sizeof out->request_id, "%s", q->request_id);
+    return 0;
+}
+
 /* ---- output ------------------------------------------------------------------ */
 
 /* Logprobs arrays of the tokens not yet emitted (streaming) or of all (not). */
@@ -460,7 +477,7 @@ static int finish_text(compl_output *o) {
 }
 
 int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t len,
-                       const compl_logprobs *lp) {
+                       const coord_logprobs *lp) {
     if (o->n_ids == o->cap_ids) {
         int cap = o->cap_ids ? o->cap_ids * 2 : 64;
         int32_t *n = realloc(o->ids, sizeof *n * (size_t)cap);

@@ -18,7 +18,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "coordinator/completions.h"
+#include "coordinator/api/api_error.h"
 
 /* Renders messages with fmt (enum chat_format) and the generation prompt.
  * 0 with *out (malloc'd, NUL-terminated) and *len, or -1 with e (400). */

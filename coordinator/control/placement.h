@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "coordinator/partition.h"
+#include "coordinator/config/partition.h"
 
 #define PLACE_NODE_MAX 64
 

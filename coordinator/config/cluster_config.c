@@ -1,6 +1,6 @@
 /* cluster_config.c — parses and validates the cluster INI file (libinih).
  * See cluster_config.h and docs/cluster-config.md. */
-#include "coordinator/cluster_config.h"
+#include "coordinator/config/cluster_config.h"
 
 #include <ctype.h>
 #include <errno.h>

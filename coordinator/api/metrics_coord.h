@@ -20,7 +20,7 @@
 #include <stddef.h>
 
 #include "common/err.h"
-#include "coordinator/engine_api.h"
+#include "coordinator/serve/engine_api.h"
 
 typedef struct coord_metrics coord_metrics;
 

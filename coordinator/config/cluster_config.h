@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
-#include "coordinator/partition.h"
+#include "coordinator/config/partition.h"
 
 #define COORD_HOST_MAX 256
 #define COORD_NAME_MAX 64

@@ -3,7 +3,7 @@
  * cluster of the serving epoch, placement changes (start, switch, release),
  * start-up (restore or auto place) and the periodic tick (failure detection,
  * retiring old clusters). */
-#include "coordinator/control_service.h"
+#include "coordinator/control/control_service.h"
 
 #include <event2/event.h>
 #include <inttypes.h>
@@ -17,9 +17,9 @@
 
 #include "common/log.h"
 #include "common/utf8.h"
-#include "coordinator/cluster.h"
-#include "coordinator/placement.h"
-#include "coordinator/state_file.h"
+#include "coordinator/serve/cluster.h"
+#include "coordinator/control/placement.h"
+#include "coordinator/control/state_file.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "proto/control.pb-c.h"
@@ -56,11 +56,15 @@ typedef struct lreq {
 } lreq;
 
 /* An open Generate stream. */
+/* Generate's max_tokens when the request leaves it 0 (the OpenAI API's default). */
+#define GEN_DEFAULT_MAX_TOKENS 16
+
 typedef struct gen_stream {
     struct gen_stream *prev, *next;
     ctl_service *s;
     rpc_call *call;
-    compl_request req;
+    coord_request req;
+    int32_t *prompt;         /* req.prompt's token ids */
     uint64_t id;
     uint32_t n_prompt, n_gen;
     utf8_stream utf8;        /* the chunks' text: whole characters, U+FFFD for invalid bytes */
@@ -424,7 +428,7 @@ static void lr_on_prompt(void *ctx, const int32_t *ids, int n) {
     lreq *q = ctx;
     q->sink.on_prompt(q->ctx, ids, n);
 }
-static void lr_on_token(void *ctx, int32_t id, const char *piece, size_t len, const compl_logprobs *lp) {
+static void lr_on_token(void *ctx, int32_t id, const char *piece, size_t len, const coord_logprobs *lp) {
     lreq *q = ctx;
     q->sink.on_token(q->ctx, id, piece, len, lp);
 }
@@ -438,7 +442,7 @@ static void lr_on_finish(void *ctx, enum coord_finish reason, const char *messag
 }
 static const coord_sink lr_sink = {lr_on_prompt, lr_on_token, lr_on_finish};
 
-static int eng_submit(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
+static int eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                       uint64_t *id_out, st_err *err) {
     ctl_service *s = impl;
     if (!s->cur || !cluster_is_ready(s->cur->cl)) {
@@ -954,7 +958,7 @@ static void stream_free(ctl_service *s, gen_stream *g) {
     else if (s->streams == g)
         s->streams = g->next;
     if (g->next) g->next->prev = g->prev;
-    free(g->req.prompt);
+    free(g->prompt);
     free(g);
 }
 
@@ -991,7 +995,7 @@ static void g_on_prompt(void *ctx, const int32_t *ids, int n) {
     g->n_prompt = (uint32_t)n;
 }
 
-static void g_on_token(void *ctx, int32_t id, const char *piece, size_t len, const compl_logprobs *lp) {
+static void g_on_token(void *ctx, int32_t id, const char *piece, size_t len, const coord_logprobs *lp) {
     gen_stream *g = ctx;
     ctl_service *s = g->s;
     g->n_gen++;
@@ -1037,20 +1041,32 @@ static void h_generate(rpc_call *c, const rpc_request *req, void *ud) {
         return;
     }
     gen_stream *g = calloc(1, sizeof *g);
-    if (!g || !(g->req.prompt = strdup(r->prompt))) {
-        free(g);
+    if (!g) {
         rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    size_t n_ids = 0;
+    st_err terr = {{0}};
+    if (tok_encode(s->o.vocab, r->prompt, strlen(r->prompt), true, false, &g->prompt, &n_ids, &terr) != 0 ||
+        n_ids == 0) {
+        rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "Generate: %s", n_ids ? terr.msg : "the prompt has no tokens");
+        free(g->prompt);
+        free(g);
         return;
     }
     g->s = s;
     g->call = c;
-    g->req.prompt_len = strlen(r->prompt);
-    g->req.max_tokens = r->max_tokens ? (int)(r->max_tokens > 100000 ? 100000 : r->max_tokens) : COMPL_DEFAULT_MAX_TOKENS;
-    g->req.temperature = r->temperature;
-    g->req.top_p = 1.0;
+    g->req.prompt = g->prompt;
+    g->req.n_prompt = (int)n_ids;
+    g->req.max_tokens = r->max_tokens ? (int)(r->max_tokens > 100000 ? 100000 : r->max_tokens) : GEN_DEFAULT_MAX_TOKENS;
+    g->req.sampling = sampler_default_params();
+    g->req.sampling.temperature = r->temperature;
+    g->req.sampling.top_k = 0;
+    g->req.sampling.top_p = 1.0f;
+    g->req.sampling.min_p = 0.0f;
+    g->req.sampling.repeat_penalty = 1.0f;
+    g->req.sampling.seed = r->seed;
     g->req.has_seed = r->seed != 0;
-    g->req.seed = (int64_t)r->seed;
-    g->req.logprobs = -1;
     g->next = s->streams;
     if (s->streams) s->streams->prev = g;
     s->streams = g;

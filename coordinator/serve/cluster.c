@@ -2,7 +2,7 @@
  * (connect, StageAssign/StageReady, StatsRequest/StageStats), the pump that
  * turns scheduler micro-batches into ACTIVATIONS frames, and the TOKENS path
  * back to the HTTP sink. See cluster.h. */
-#include "coordinator/cluster.h"
+#include "coordinator/serve/cluster.h"
 
 #include <event2/event.h>
 #include <jansson.h>
@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "common/log.h"
-#include "coordinator/sched.h"
+#include "coordinator/serve/sched.h"
 #include "ib/frame.h"
 #include "ib/transport.h"
 #include "proto/stage.pb-c.h"
@@ -61,7 +61,7 @@ typedef struct stage_link {
 typedef struct creq {
     struct creq *prev, *next;
     uint64_t id; /* the scheduler's sequence id */
-    const compl_request *req;
+    coord_request req; /* req.prompt points to prompt */
     coord_sink sink;
     void *ctx;
     int32_t *prompt;
@@ -203,8 +203,8 @@ static void fail_all(cluster *c, const char *msg) {
 
 /* ---- the data path: micro-batches out, tokens back ----------------------- */
 
-static bool penalties_on(const compl_request *q) {
-    return q->presence_penalty != 0.0 || q->frequency_penalty != 0.0;
+static bool penalties_on(const coord_request *q) {
+    return q->sampling.presence_penalty != 0.0f || q->sampling.frequency_penalty != 0.0f;
 }
 
 static void pump(evutil_socket_t fd, short what, void *arg) {
@@ -223,20 +223,20 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
             for (int i = 0; i < b->n_seqs; i++) {
                 const sched_slice *x = &b->seqs[i];
                 const creq *r = x->user;
-                const compl_request *q = r->req;
+                const coord_request *q = &r->req;
                 frame_seq *s = &seqs[i];
                 strata__v1__seq_record__init(s);
                 frame_sampling *p = &samp[i];
                 strata__v1__sampling_params__init(p);
-                p->temperature = (float)q->temperature;
-                p->top_k = q->top_k;
-                p->top_p = (float)q->top_p;
-                p->min_p = (float)q->min_p;
+                p->temperature = q->sampling.temperature;
+                p->top_k = q->sampling.top_k;
+                p->top_p = q->sampling.top_p;
+                p->min_p = q->sampling.min_p;
                 p->seed = r->seed;
                 p->repeat_penalty = 1.0f;
-                p->presence_penalty = (float)q->presence_penalty;
-                p->frequency_penalty = (float)q->frequency_penalty;
-                p->n_top_logprobs = q->logprobs > 0 ? q->logprobs : 0;
+                p->presence_penalty = q->sampling.presence_penalty;
+                p->frequency_penalty = q->sampling.frequency_penalty;
+                p->n_top_logprobs = q->logprobs ? q->sampling.n_top_logprobs : 0;
                 s->seq_id = x->seq_id;
                 s->pos = x->pos;
                 s->n_tokens = x->n_tokens;
@@ -316,18 +316,18 @@ static void deliver(cluster *c, creq *r, const sched_event *ev, const frame_resu
         r->sink.on_prompt(r->ctx, r->prompt, r->n_prompt);
         if (r->dead) goto dead;
     }
-    if (tok_is_eog(c->vocab, ev->token) && !r->req->ignore_eos) {
+    if (tok_is_eog(c->vocab, ev->token) && !r->req.ignore_eos) {
         if (ev->finish == SCHED_NOT_FINISHED) sched_cancel(c->s, r->id);
         creq_finish(c, r, COORD_FINISH_STOP, NULL);
         return;
     }
     size_t n = piece_of(c, ev->token);
-    if (r->req->logprobs >= 0) {
-        int nt = res && res->n_top < COMPL_MAX_TOP_LOGPROBS ? (int)res->n_top : COMPL_MAX_TOP_LOGPROBS;
+    if (r->req.logprobs) {
+        int nt = res && res->n_top < SAMPLER_MAX_TOP_LOGPROBS ? (int)res->n_top : SAMPLER_MAX_TOP_LOGPROBS;
         if (!res) nt = 0;
-        char *pieces[COMPL_MAX_TOP_LOGPROBS] = {0};
-        const char *cpieces[COMPL_MAX_TOP_LOGPROBS];
-        float lps[COMPL_MAX_TOP_LOGPROBS];
+        char *pieces[SAMPLER_MAX_TOP_LOGPROBS] = {0};
+        const char *cpieces[SAMPLER_MAX_TOP_LOGPROBS];
+        float lps[SAMPLER_MAX_TOP_LOGPROBS];
         for (int i = 0; i < nt; i++) {
             int m = tok_piece(c->vocab, res->top[i]->token, NULL, 0);
             pieces[i] = malloc(m > 0 ? (size_t)m + 1 : 1);
@@ -338,7 +338,7 @@ static void deliver(cluster *c, creq *r, const sched_event *ev, const frame_resu
             cpieces[i] = pieces[i] ? pieces[i] : "";
             lps[i] = res->top[i]->logprob;
         }
-        compl_logprobs lp = {res ? res->logprob : 0.0f, nt, cpieces, lps};
+        coord_logprobs lp = {res ? res->logprob : 0.0f, nt, cpieces, lps};
         r->sink.on_token(r->ctx, ev->token, c->piece_buf, n, &lp);
         for (int i = 0; i < nt; i++) free(pieces[i]);
     } else {
@@ -698,25 +698,20 @@ static void on_stats_timer(evutil_socket_t fd, short what, void *arg) {
 
 /* ---- the engine interface ------------------------------------------------- */
 
-static int eng_submit(void *impl, const compl_request *req, const coord_sink *sink, void *ctx,
+static int eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                       uint64_t *id_out, st_err *err) {
     cluster *c = impl;
     if (c->lost) return st_errf(err, "%s", c->lost_msg), COORD_EUNAVAIL;
     if (!c->ready) return st_errf(err, "the cluster is not ready (stages are loading)"), COORD_EUNAVAIL;
+    if (!req->prompt || req->n_prompt < 1) return st_errf(err, "the prompt has no tokens"), COORD_EINVAL;
     creq *r = calloc(1, sizeof *r);
-    if (!r) return st_errf(err, "out of memory"), COORD_EINTERNAL;
-    size_t n = 0;
-    /* Chat prompts hold the template's special-token text (docs/chat-templates.md). */
-    if (tok_encode(c->vocab, req->prompt, req->prompt_len, true, req->chat, &r->prompt, &n, err) !=
-        0) {
+    if (!r || !(r->prompt = malloc(sizeof(int32_t) * (size_t)req->n_prompt))) {
         creq_free(r);
-        return COORD_EINVAL;
+        return st_errf(err, "out of memory"), COORD_EINTERNAL;
     }
-    r->n_prompt = (int)n;
-    if (n == 0) {
-        creq_free(r);
-        return st_errf(err, "the prompt has no tokens"), COORD_EINVAL;
-    }
+    memcpy(r->prompt, req->prompt, sizeof(int32_t) * (size_t)req->n_prompt);
+    r->n_prompt = req->n_prompt;
+    const size_t n = (size_t)req->n_prompt;
     int max_new = req->max_tokens;
     if (req->max_tokens_auto && (int64_t)n + max_new > c->n_ctx) max_new = c->n_ctx - (int)n;
     if (max_new < 1 || (int64_t)n + max_new > c->n_ctx) {
@@ -727,10 +722,11 @@ static int eng_submit(void *impl, const compl_request *req, const coord_sink *si
         creq_free(r);
         return COORD_ECONTEXT;
     }
-    r->req = req;
+    r->req = *req;
+    r->req.prompt = r->prompt;
     r->sink = *sink;
     r->ctx = ctx;
-    r->seed = req->has_seed ? (uint64_t)req->seed
+    r->seed = req->has_seed ? req->sampling.seed
                             : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + ++c->seed_counter;
     int rc = sched_add(c->s, r->prompt, r->n_prompt, max_new, r, &r->id, err);
     if (rc != 0) {
@@ -988,7 +984,7 @@ int cluster_move_requests(cluster *from, cluster *to,
         uint64_t old_id = r->id;
         /* Re-prefill: the prompt and every token generated so far; the KV
          * cache of the sequence stays behind on the old stages. */
-        int n = r->n_prompt + r->n_gen, left = r->req->max_tokens - r->n_gen;
+        int n = r->n_prompt + r->n_gen, left = r->req.max_tokens - r->n_gen;
         int32_t *all = malloc(sizeof *all * (size_t)(n ? n : 1));
         st_err err = {{0}};
         int rc = -1;
