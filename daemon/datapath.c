@@ -1,0 +1,496 @@
+/* datapath.c — strata-worker's activation data path, on the event loop:
+ * ACTIVATIONS checks, the forward job and its hand-off to the compute thread
+ * (or an inline run when it is idle), and the result out: ACTIVATIONS to the
+ * next hop from a pool of registered buffers, or TOKENS / BatchDone /
+ * BatchError to the coordinator. See datapath.h, docs/worker.md ("Inside: one
+ * loop, one compute thread") and docs/protocol.md. */
+#include "daemon/datapath.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "daemon/assignment.h"
+#include "model/sampler.h"
+
+#define POOL_MIN_BYTES (64u << 10)
+#define INLINE_MAX_TOKENS 64     /* micro-batches up to this size may run on the loop thread */
+
+/* A forward in flight: the compute job plus what the loop needs to send the
+ * result on. cj must be first (cjob * <-> struct job *). */
+struct job {
+    cjob cj;
+    uint64_t gen;        /* w->gen when submitted: results of older assignments are dropped */
+    wstage *w;
+    frame_header *hdr;   /* owned copy of the received header */
+    stage_seq *seqs;
+    float *in;           /* f32 input rows (non-first stage) */
+    float *scratch;      /* f32 output before bf16 conversion */
+    xport_mem *out_mem;  /* registered output buffer (non-last stage) */
+    size_t out_bytes;
+    stage_sample_out *samples;
+};
+
+static void forward_done(wstage *w, struct job *j);
+
+/* ---------------------------------------------------------------- helpers */
+
+static xport_mem *pool_get(wstage *w, size_t bytes, st_err *err)
+{
+    int best = -1;
+    for (int i = 0; i < w->n_pool; i++)
+        if (xport_mem_len(w->pool[i]) >= bytes &&
+            (best < 0 || xport_mem_len(w->pool[i]) < xport_mem_len(w->pool[best])))
+            best = i;
+    if (best >= 0) {
+        xport_mem *m = w->pool[best];
+        w->pool[best] = w->pool[--w->n_pool];
+        return m;
+    }
+    size_t cap = POOL_MIN_BYTES;
+    while (cap < bytes) cap *= 2;
+    return xport_mem_alloc(w->x, cap, err);
+}
+
+static void pool_put(wstage *w, xport_mem *m)
+{
+    if (!m) return;
+    if (w->shutting_down) {
+        xport_mem_unregister(w->x, m);
+        return;
+    }
+    if (w->n_pool == POOL_MAX) { /* keep the larger buffers */
+        int small = 0;
+        for (int i = 1; i < w->n_pool; i++)
+            if (xport_mem_len(w->pool[i]) < xport_mem_len(w->pool[small])) small = i;
+        if (xport_mem_len(w->pool[small]) >= xport_mem_len(m)) {
+            xport_mem_unregister(w->x, m);
+            return;
+        }
+        xport_mem_unregister(w->x, w->pool[small]);
+        w->pool[small] = m;
+        return;
+    }
+    w->pool[w->n_pool++] = m;
+}
+
+static void job_free(wstage *w, struct job *j)
+{
+    if (!j) return;
+    frame_header_free(j->hdr);
+    free(j->seqs);
+    free(j->in);
+    free(j->scratch);
+    free(j->samples);
+    pool_put(w, j->out_mem);
+    free(j);
+}
+
+/* Copies a decoded header (pack + unpack): the callback's one dies with it. */
+static frame_header *header_copy(const frame_header *h, st_err *err)
+{
+    size_t n;
+    uint8_t *buf = frame_header_pack(h, &n, err);
+    if (!buf) return NULL;
+    frame_header *c = frame_header_unpack(buf, n, err);
+    free(buf);
+    return c;
+}
+
+/* FrameHeader sampling -> sampler params. proto3 zeros mean "unset": top_p 0
+ * is 1 (off), repeat_penalty 0 is 1 (off). penalty_last_n is the repeat
+ * penalty's window (0 = off); presence/frequency count the whole history. */
+static sampler_params sampling_from_frame(const frame_sampling *s)
+{
+    sampler_params p = sampler_greedy_params();
+    if (!s) return p;
+    p.temperature = s->temperature;
+    p.top_k = s->top_k;
+    p.top_p = s->top_p > 0.0f ? s->top_p : 1.0f;
+    p.min_p = s->min_p;
+    p.repeat_penalty = s->repeat_penalty > 0.0f ? s->repeat_penalty : 1.0f;
+    p.repeat_last_n = s->penalty_last_n;
+    p.presence_penalty = s->presence_penalty;
+    p.frequency_penalty = s->frequency_penalty;
+    p.seed = s->seed;
+    p.n_top_logprobs = s->n_top_logprobs;
+    return p;
+}
+
+/* ---------------------------------------------------------------- sending */
+
+static void batch_error(wstage *w, const struct job *j, const char *msg)
+{
+    const frame_header *h = j->hdr;
+    w->front->batch_errors++;
+    ST_WARN("worker: batch %llu (epoch %llu) failed: %s", (unsigned long long)h->batch_id,
+            (unsigned long long)h->epoch, msg);
+    if (w->shutting_down) return;
+    if (!w->coord) {
+        ST_WARN("worker: no coordinator connected; BatchError for batch %llu not sent",
+                (unsigned long long)h->batch_id);
+        return;
+    }
+    uint64_t *ids = calloc(h->n_seqs ? h->n_seqs : 1, sizeof *ids);
+    if (!ids) return;
+    for (size_t i = 0; i < h->n_seqs; i++) ids[i] = h->seqs[i]->seq_id;
+    Strata__V1__BatchError e = STRATA__V1__BATCH_ERROR__INIT;
+    e.epoch = h->epoch;
+    e.stage = w->cur.stage;
+    e.batch_id = h->batch_id;
+    e.seq_ids = ids;
+    e.n_seq_ids = h->n_seqs;
+    e.error = (char *)msg;
+    ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_ERROR;
+    m.batch_error = &e;
+    stage_send_control(w, w->coord, &m, h->epoch, h->batch_id);
+    free(ids);
+}
+
+/* Loop thread: a forward of this stage finished (see wstage.fwd). */
+static void note_forward(wstage *w, const cjob *cj)
+{
+    uint64_t *slot = w->fwd[w->fwd_n % FWD_RING];
+    slot[0] = cj->start_ns;
+    slot[1] = cj->end_ns;
+    w->fwd_n++;
+}
+
+size_t datapath_forward_intervals(const wstage *w, uint64_t since_ns, uint64_t *out)
+{
+    uint64_t kept = w->fwd_n < FWD_RING ? w->fwd_n : FWD_RING;
+    uint64_t i = w->fwd_n - kept;
+    while (i < w->fwd_n && w->fwd[i % FWD_RING][1] <= since_ns) i++;
+    size_t n = 0;
+    for (; i < w->fwd_n && n < 2 * FWD_REPLY_MAX; i++) {
+        out[n++] = w->fwd[i % FWD_RING][0];
+        out[n++] = w->fwd[i % FWD_RING][1];
+    }
+    return n;
+}
+
+/* A frame we do not accept: log, drop, disconnect its sender. */
+static void unexpected(wstage *w, xport_peer *peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void unexpected(wstage *w, xport_peer *peer, const char *fmt, ...)
+{
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    worker_drop_frame(w->front, peer, msg);
+}
+
+/* ---------------------------------------------------------------- ACTIVATIONS */
+
+/* Whether a micro-batch of T tokens may run on the loop thread (when the
+ * compute thread is idle, compute_run_inline): that saves the two thread
+ * hand-offs of a hop (wake the compute thread, wake the loop for the result;
+ * each a cross-CPU wake-up, tens of us on a VM), but the loop makes no
+ * progress while the forward runs. So only a small batch (a decode step's
+ * forward is short), only while this worker holds one stage (another epoch's
+ * frames would wait), and only with no ACTIVATIONS send of ours in flight
+ * (a rendezvous send needs our progress to finish). Frames that arrive
+ * meanwhile wait in the socket; they could not start before this forward
+ * ends anyway. */
+static bool run_here(const wstage *w, int64_t T)
+{
+    return T <= INLINE_MAX_TOKENS && w->sends_inflight == 0 && w->front->stages == w && !w->link;
+}
+
+void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, const void *payload, size_t bytes)
+{
+    if (w->state != W_READY) {
+        unexpected(w, peer, "ACTIVATIONS (batch %llu) while no stage is ready", (unsigned long long)h->batch_id);
+        return;
+    }
+    if (h->epoch != w->cur.epoch) {
+        unexpected(w, peer, "batch %llu has epoch %llu, the assignment is epoch %llu",
+                   (unsigned long long)h->batch_id, (unsigned long long)h->epoch, (unsigned long long)w->cur.epoch);
+        return;
+    }
+    if (h->stage != w->cur.stage) {
+        unexpected(w, peer, "batch %llu is for stage %u, this is stage %u", (unsigned long long)h->batch_id,
+                   h->stage, w->cur.stage);
+        return;
+    }
+    const cjob_stage_info *in = &w->info;
+    const int64_t T = frame_total_tokens(h);
+    if (in->is_first) {
+        if (bytes) {
+            unexpected(w, peer, "stage 0 takes token ids, not a payload");
+            return;
+        }
+        if ((int64_t)h->n_token_ids != T) {
+            unexpected(w, peer, "stage 0 needs %lld token ids, got %zu", (long long)T, h->n_token_ids);
+            return;
+        }
+        for (size_t i = 0; i < h->n_token_ids; i++)
+            if (h->token_ids[i] >= in->n_vocab) {
+                unexpected(w, peer, "token id %d outside the vocabulary [0, %d)", (int)h->token_ids[i], in->n_vocab);
+                return;
+            }
+    } else {
+        if (!bytes) {
+            unexpected(w, peer, "stage %u needs a hidden-state payload", w->cur.stage);
+            return;
+        }
+        if (h->shape[1] != (uint32_t)in->n_embd) {
+            unexpected(w, peer, "payload rows of %u, the model's n_embd is %d", h->shape[1], in->n_embd);
+            return;
+        }
+        if ((int)h->dtype != w->cur.act_dtype) {
+            unexpected(w, peer, "payload dtype %s, configured %s", worker_dtype_name(h->dtype),
+                       worker_dtype_name(w->cur.act_dtype));
+            return;
+        }
+    }
+    for (size_t i = 0; i < h->n_seqs; i++) {
+        const frame_seq *s = h->seqs[i];
+        for (size_t b = 0; b < s->n_block_table; b++)
+            if (s->block_table[b] >= in->kv_blocks) {
+                unexpected(w, peer, "seq %llu: block id %d outside [0, %d)", (unsigned long long)s->seq_id,
+                           (int)s->block_table[b], in->kv_blocks);
+                return;
+            }
+        for (size_t k = 0; k < s->n_history; k++)
+            if (s->history[k] < 0 || s->history[k] >= in->n_vocab) {
+                unexpected(w, peer, "seq %llu: history token %d outside the vocabulary", (unsigned long long)s->seq_id,
+                           (int)s->history[k]);
+                return;
+            }
+        if (in->is_last && s->wants_logits) {
+            sampler_params sp = sampling_from_frame(s->sampling);
+            st_err err;
+            if (sampler_params_validate(&sp, &err)) {
+                unexpected(w, peer, "seq %llu: %s", (unsigned long long)s->seq_id, err.msg);
+                return;
+            }
+            for (size_t k = 0; k < i; k++)
+                if (h->seqs[k]->seq_id == s->seq_id && h->seqs[k]->wants_logits) {
+                    unexpected(w, peer, "seq %llu wants logits twice in one batch", (unsigned long long)s->seq_id);
+                    return;
+                }
+        }
+    }
+
+    /* The job: a private copy of the header and the input rows. */
+    struct job *j = calloc(1, sizeof *j);
+    st_err err;
+    if (!j) goto oom;
+    j->gen = w->gen;
+    j->w = w;
+    j->cj.kind = CJOB_FORWARD;
+    j->cj.user = j;
+    if (!(j->hdr = header_copy(h, &err))) goto fail;
+    const frame_header *c = j->hdr;
+    if (!(j->seqs = calloc(c->n_seqs, sizeof *j->seqs))) goto oom;
+    for (size_t i = 0; i < c->n_seqs; i++) {
+        const frame_seq *s = c->seqs[i];
+        j->seqs[i] = (stage_seq){.seq_id = s->seq_id,
+                                 .pos = s->pos,
+                                 .n_tokens = s->n_tokens,
+                                 .block_table = s->block_table,
+                                 .n_blocks = (int32_t)s->n_block_table,
+                                 .want_logits = s->wants_logits,
+                                 .sampling = sampling_from_frame(s->sampling),
+                                 .step = s->step,
+                                 .history = s->n_history ? s->history : NULL,
+                                 .n_history = (int32_t)s->n_history};
+    }
+    j->cj.batch = (stage_batch){.n_seqs = (int)c->n_seqs, .seqs = j->seqs, .n_tokens = (int32_t)T,
+                                .tokens = in->is_first ? c->token_ids : NULL};
+    const size_t n_el = (size_t)T * (size_t)in->n_embd;
+    if (!in->is_first) {
+        if (!(j->in = malloc(n_el * sizeof(float)))) goto oom;
+        if (h->dtype == STRATA__V1__DTYPE__DTYPE_F32)
+            memcpy(j->in, payload, n_el * sizeof(float));
+        else
+            frame_bf16_to_f32(payload, j->in, n_el);
+        j->cj.hidden_in = j->in;
+    }
+    if (!in->is_last) {
+        j->out_bytes = n_el * frame_dtype_size(w->cur.act_dtype);
+        if (!(j->out_mem = pool_get(w, j->out_bytes, &err))) goto fail;
+        if (w->cur.act_dtype == STRATA__V1__DTYPE__DTYPE_F32) {
+            j->cj.hidden_out = xport_mem_ptr(j->out_mem);
+        } else {
+            if (!(j->scratch = malloc(n_el * sizeof(float)))) goto oom;
+            j->cj.hidden_out = j->scratch;
+            j->cj.out_bf16 = xport_mem_ptr(j->out_mem);
+            j->cj.n_out = n_el;
+        }
+    } else {
+        if (!(j->samples = calloc(c->n_seqs, sizeof *j->samples))) goto oom;
+        j->cj.samples = j->samples;
+    }
+    /* A sequence's first slice carries its request id: one log line per
+     * request and stage, so `journalctl STRATA_REQUEST_ID=...` follows it. */
+    for (size_t i = 0; i < h->n_seqs; i++)
+        if (h->seqs[i]->request_id && h->seqs[i]->request_id[0])
+            ST_REQ_INFO(h->seqs[i]->request_id, "worker: stage %u: seq %llu starts (batch %llu, %d prompt tokens in this slice)",
+                        h->stage, (unsigned long long)h->seqs[i]->seq_id, (unsigned long long)h->batch_id,
+                        (int)h->seqs[i]->n_tokens);
+    ST_DEBUG("worker: batch %llu: %zu seqs, %lld tokens queued", (unsigned long long)h->batch_id, h->n_seqs,
+             (long long)T);
+    if (run_here(w, T) && compute_run_inline(w->cq, &j->cj)) {
+        datapath_forward_finished(w, &j->cj);
+        return;
+    }
+    compute_submit(w->cq, &j->cj);
+    return;
+oom:
+    st_errf(&err, "worker: out of memory");
+fail:
+    if (j && j->hdr) {
+        batch_error(w, j, err.msg);
+    } else {
+        ST_ERROR("worker: batch %llu dropped: %s", (unsigned long long)h->batch_id, err.msg);
+    }
+    job_free(w, j);
+}
+
+/* ---------------------------------------------------------------- results */
+
+static void fwd_sent(xport_peer *peer, int status, void *arg)
+{
+    struct job *j = arg;
+    wstage *w = j->w;
+    w->sends_inflight--;
+    if (status != 0)
+        batch_error(w, j, "sending to the next hop failed (peer lost)");
+    else
+        w->backoff = BACKOFF_MIN_S;
+    job_free(w, j);
+}
+
+static void send_tokens(wstage *w, struct job *j)
+{
+    const frame_header *c = j->hdr;
+    size_t n = 0;
+    for (size_t i = 0; i < c->n_seqs; i++) n += c->seqs[i]->wants_logits;
+    if (!w->coord) {
+        ST_WARN("worker: no coordinator connected; results of batch %llu dropped", (unsigned long long)c->batch_id);
+        return;
+    }
+    if (n == 0) {
+        Strata__V1__BatchDone d = STRATA__V1__BATCH_DONE__INIT;
+        d.epoch = c->epoch;
+        d.stage = w->cur.stage;
+        d.batch_id = c->batch_id;
+        d.n_tokens = j->cj.batch.n_tokens;
+        ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+        m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_DONE;
+        m.batch_done = &d;
+        stage_send_control(w, w->coord, &m, c->epoch, c->batch_id);
+        return;
+    }
+    frame_result *res = calloc(n, sizeof *res);
+    frame_result **resp = calloc(n, sizeof *resp);
+    frame_top_logprob *top = calloc(n * SAMPLER_MAX_TOP_LOGPROBS, sizeof *top);
+    frame_top_logprob **topp = calloc(n * SAMPLER_MAX_TOP_LOGPROBS, sizeof *topp);
+    if (!res || !resp || !top || !topp) {
+        batch_error(w, j, "worker: out of memory for results");
+        goto out;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < c->n_seqs; i++) {
+        if (!c->seqs[i]->wants_logits) continue;
+        const stage_sample_out *so = &j->samples[i];
+        frame_result *r = &res[k];
+        strata__v1__seq_result__init(r);
+        r->seq_id = c->seqs[i]->seq_id;
+        r->token = so->id;
+        r->logprob = so->logprob;
+        int nt = so->n_top < 0 ? 0 : so->n_top > SAMPLER_MAX_TOP_LOGPROBS ? SAMPLER_MAX_TOP_LOGPROBS : so->n_top;
+        for (int t = 0; t < nt; t++) {
+            frame_top_logprob *tp = &top[k * SAMPLER_MAX_TOP_LOGPROBS + t];
+            strata__v1__top_logprob__init(tp);
+            tp->token = so->top_ids[t];
+            tp->logprob = so->top_logprobs[t];
+            topp[k * SAMPLER_MAX_TOP_LOGPROBS + t] = tp;
+        }
+        r->top = &topp[k * SAMPLER_MAX_TOP_LOGPROBS];
+        r->n_top = (size_t)nt;
+        resp[k++] = r;
+    }
+    frame_header h = STRATA__V1__FRAME_HEADER__INIT;
+    h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_TOKENS;
+    h.batch_id = c->batch_id;
+    h.epoch = c->epoch;
+    h.stage = w->cur.stage;
+    h.results = resp;
+    h.n_results = n;
+    st_err err;
+    if (xport_send(w->coord, &h, NULL, 0, NULL, NULL, NULL, &err)) batch_error(w, j, err.msg);
+out:
+    free(res);
+    free(resp);
+    free(top);
+    free(topp);
+}
+
+static void forward_done(wstage *w, struct job *j)
+{
+    if (j->gen != w->gen || w->state != W_READY || w->shutting_down) {
+        ST_DEBUG("worker: batch %llu of an older assignment finished; dropped", (unsigned long long)j->hdr->batch_id);
+        job_free(w, j);
+        return;
+    }
+    if (j->cj.status) {
+        batch_error(w, j, j->cj.err.msg);
+        job_free(w, j);
+        return;
+    }
+    if (w->info.is_last) {
+        send_tokens(w, j);
+        job_free(w, j);
+        return;
+    }
+    if (!w->next) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "next hop %s is not connected", w->cur.next_hop);
+        batch_error(w, j, msg);
+        job_free(w, j);
+        return;
+    }
+    frame_header h = *j->hdr; /* shallow: seqs (with sampling, step, history) go on unchanged */
+    uint32_t shape[2] = {(uint32_t)j->cj.batch.n_tokens, (uint32_t)w->info.n_embd};
+    h.stage = w->cur.stage + 1;
+    h.token_ids = NULL;
+    h.n_token_ids = 0;
+    h.dtype = w->cur.act_dtype;
+    h.shape = shape;
+    h.n_shape = 2;
+    h.n_results = 0;
+    h.results = NULL;
+    h.control.len = 0;
+    h.control.data = NULL;
+    st_err err;
+    if (xport_send(w->next, &h, xport_mem_ptr(j->out_mem), j->out_bytes, j->out_mem, fwd_sent, j, &err)) {
+        batch_error(w, j, err.msg);
+        job_free(w, j);
+        return;
+    }
+    w->sends_inflight++;
+}
+
+
+void datapath_forward_finished(wstage *w, cjob *cj)
+{
+    if (cj->status == 0) note_forward(w, cj);
+    forward_done(w, cj->user);
+}
+
+void datapath_job_discard(wstage *w, cjob *cj) { job_free(w, cj->user); }
+
+void datapath_pool_drain(wstage *w)
+{
+    for (int i = 0; i < w->n_pool; i++) xport_mem_unregister(w->x, w->pool[i]);
+    w->n_pool = 0;
+}

@@ -1,0 +1,111 @@
+/* worker_internal.h — the state strata-worker's three loop-side files share
+ * (not a public interface; daemon/worker.h is):
+ *   worker.c      the front: transport callbacks, frame routing by kind and
+ *                 epoch, create/destroy, the load window for heartbeats;
+ *   assignment.c  the assignment lifecycle (daemon/assignment.h);
+ *   datapath.c    the activation data path (daemon/datapath.h).
+ * A worker holds one stage normally, two during a live placement change
+ * (StageAssign.keep_loaded); each stage (wstage) has its own compute thread,
+ * next-hop peer and coordinator peer. Every function here runs on the loop
+ * thread.
+ */
+#ifndef STRATA_DAEMON_WORKER_INTERNAL_H
+#define STRATA_DAEMON_WORKER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/compute_thread.h"
+#include "daemon/worker.h"
+#include "ib/transport.h"
+#include "proto/stage.pb-c.h"
+
+#define POOL_MAX 8               /* free registered output buffers kept per stage */
+#define FWD_RING 4096            /* forward intervals kept per stage (StageStats.forward_ns) */
+#define BACKOFF_MIN_S 0.1        /* next-hop reconnect delay, doubling up to BACKOFF_MAX_S */
+#define BACKOFF_MAX_S 5.0
+#define MAX_STAGES 4             /* stages of different epochs held at once */
+#define LOAD_MAX_SEQS 4096       /* sequences tracked for worker_load_get */
+
+typedef Strata__V1__ControlMessage ctl_msg;
+
+enum wstate { W_IDLE, W_LOADING, W_READY, W_FAILED };
+
+typedef struct wstage wstage;
+
+/* The current assignment (owned strings). */
+struct assign {
+    uint64_t epoch;
+    uint32_t stage, n_stages;
+    char *model_path;
+    int first_layer, last_layer, tp, kv_blocks, block_size, n_threads;
+    int act_dtype;  /* DTYPE_F32 or DTYPE_BF16 */
+    char *next_hop; /* "" for the last stage */
+    char next_host[256];
+    int next_port;
+};
+
+/* One loaded (or loading) stage, keyed by its placement epoch. */
+struct wstage {
+    worker *front;          /* the owning worker (transport, counters) */
+    struct event_base *base;
+    xport *x;               /* = front->x */
+    compute *cq;
+    struct event *cq_ev, *reconnect_ev;
+    char name[128];
+    int n_threads;
+    double t_start;
+
+    /* assignment.c */
+    enum wstate state;
+    uint64_t gen;           /* incremented by every new assignment */
+    struct assign cur;
+    cjob_stage_info info;   /* valid in W_READY */
+    xport_peer *coord;      /* the peer that sent the current assignment */
+    xport_peer *next;       /* next hop (non-last stage) */
+    double backoff;
+
+    /* datapath.c */
+    xport_mem *pool[POOL_MAX];
+    int n_pool;
+    int sends_inflight;     /* ACTIVATIONS to the next hop not yet completed */
+    /* The last FWD_RING successful forwards' [start, end) CLOCK_MONOTONIC ns,
+     * in completion order (disjoint: one compute thread); fwd_n recorded in
+     * all, the next one goes to fwd[fwd_n % FWD_RING]. */
+    uint64_t fwd[FWD_RING][2];
+    uint64_t fwd_n;
+
+    bool shutting_down;     /* released or the worker is stopping */
+    wstage *link;           /* the worker's list of live / released stages */
+};
+
+struct worker {
+    struct event_base *base;
+    xport *x;
+    char name[128];
+    int n_threads;
+    double t_start;
+    char **models;          /* --model paths (resolve StageAssign.model_path by file name) */
+    int n_models;
+    wstage *stages;         /* live stages, newest first */
+    wstage *released;       /* released ones: freed after the transport (their sends may be in flight) */
+    uint64_t dropped_frames, batch_errors;
+    bool shutting_down;
+    /* worker_load_get window: sequences seen and their block-table lengths */
+    uint64_t load_seq[LOAD_MAX_SEQS];
+    int load_blocks[LOAD_MAX_SEQS];
+    int n_load;
+    bool track_load;        /* worker_load_get was called (live mode) */
+};
+
+/* worker.c: a frame we do not accept: counts it, logs "dropping a frame from
+ * PEER: WHAT; disconnecting it" and closes the peer. */
+void worker_drop_frame(worker *w, xport_peer *peer, const char *what);
+
+/* A frame dtype for log lines: "f32", "bf16" or "none". */
+static inline const char *worker_dtype_name(int d)
+{
+    return d == STRATA__V1__DTYPE__DTYPE_F32 ? "f32" : d == STRATA__V1__DTYPE__DTYPE_BF16 ? "bf16" : "none";
+}
+
+#endif
