@@ -1,6 +1,6 @@
 /* main.c — strata-coordinator: reads the cluster config, places the model's
  * layers on the stages, connects to the workers and assigns them their stages
- * (coordinator/cluster.h), and serves the OpenAI-compatible HTTP API on one
+ * (coordinator/serve/cluster.h), and serves the OpenAI-compatible HTTP API on one
  * libevent loop until SIGINT or SIGTERM. While the stages load, /health and
  * completions answer 503; a stage that fails to load or is not ready within
  * --ready-timeout seconds ends the process with exit status 1.
@@ -9,21 +9,27 @@
  *   strata-coordinator --live --config FILE [--grpc-listen H:P] [--state FILE] ...
  *
  * --live: the config has no stages; workers register over gRPC and the
- * placement is live (coordinator/control_service.h, docs/control-api.md).
+ * placement is live (coordinator/control/control_service.h, docs/control-api.md).
+ *
+ * main() reads as a table of contents: parse_opts, then run, which loads the
+ * config and the model, starts the engine (the cluster, or the live control
+ * service) and the HTTP API, and runs the loop. docs/architecture.md follows
+ * one request through the pieces.
  */
 #include <event2/event.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/log.h"
-#include "coordinator/serve/cluster.h"
+#include "coordinator/api/http_api.h"
 #include "coordinator/config/cluster_config.h"
 #include "coordinator/control/control_service.h"
-#include "coordinator/api/http_api.h"
+#include "coordinator/serve/cluster.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -70,12 +76,24 @@ static void usage(FILE *f) {
             "  --min-workers N     first automatic placement once N workers registered (1)\n");
 }
 
-int main(int argc, char **argv) {
-    const char *config_path = NULL, *listen = NULL;
-    double ready_timeout = 60.0;
-    bool live = false;
-    const char *grpc_listen = "127.0.0.1:7070", *state_path = "strata-state.json";
-    long heartbeat_ms = 1000, dead_after_ms = 10000, min_workers = 1;
+/* The command line. */
+typedef struct coord_opts {
+    const char *config_path, *listen;
+    double ready_timeout;
+    bool live;
+    const char *grpc_listen, *state_path;
+    long heartbeat_ms, dead_after_ms, min_workers;
+} coord_opts;
+
+/* Parses argv into *o. Returns -1 to go on, else the exit status (0 for
+ * --help, 2 for a bad command line). */
+static int parse_opts(int argc, char **argv, coord_opts *o) {
+    *o = (coord_opts){.ready_timeout = 60.0,
+                      .grpc_listen = "127.0.0.1:7070",
+                      .state_path = "strata-state.json",
+                      .heartbeat_ms = 1000,
+                      .dead_after_ms = 10000,
+                      .min_workers = 1};
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                           {"live", no_argument, NULL, 'L'},
                                           {"grpc-listen", required_argument, NULL, 'g'},
@@ -87,24 +105,24 @@ int main(int argc, char **argv) {
                                           {"ready-timeout", required_argument, NULL, 't'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "c:l:t:h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'c': config_path = optarg; break;
-        case 'l': listen = optarg; break;
+    int c;
+    while ((c = getopt_long(argc, argv, "c:l:t:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': o->config_path = optarg; break;
+        case 'l': o->listen = optarg; break;
         case 't': {
             char *end;
-            ready_timeout = strtod(optarg, &end);
-            if (*end || !(ready_timeout > 0)) {
+            o->ready_timeout = strtod(optarg, &end);
+            if (*end || !(o->ready_timeout > 0)) {
                 fprintf(stderr, "strata-coordinator: --ready-timeout: not a positive number: %s\n",
                         optarg);
                 return 2;
             }
             break;
         }
-        case 'L': live = true; break;
-        case 'g': grpc_listen = optarg; break;
-        case 's': state_path = optarg; break;
+        case 'L': o->live = true; break;
+        case 'g': o->grpc_listen = optarg; break;
+        case 's': o->state_path = optarg; break;
         case 'H':
         case 'D':
         case 'm': {
@@ -112,26 +130,121 @@ int main(int argc, char **argv) {
             long v = strtol(optarg, &end, 10);
             if (!*optarg || *end || v < 1 || v > 3600000) {
                 fprintf(stderr, "strata-coordinator: --%s: not an integer in [1, 3600000]: %s\n",
-                        o == 'H' ? "heartbeat-ms" : o == 'D' ? "dead-after-ms" : "min-workers", optarg);
+                        c == 'H' ? "heartbeat-ms" : c == 'D' ? "dead-after-ms" : "min-workers", optarg);
                 return 2;
             }
-            *(o == 'H' ? &heartbeat_ms : o == 'D' ? &dead_after_ms : &min_workers) = v;
+            *(c == 'H' ? &o->heartbeat_ms : c == 'D' ? &o->dead_after_ms : &o->min_workers) = v;
             break;
         }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (!config_path || optind != argc) {
+    if (!o->config_path || optind != argc) {
         usage(stderr);
         return 2;
     }
+    return -1;
+}
+
+/* What the coordinator needs of the model file: its shape, vocabulary,
+ * chat template and context length. */
+typedef struct coord_model {
+    llama_config mc;
+    tok_vocab *vocab;
+    char *chat_template; /* NULL: the plain chat format */
+    int n_ctx;
+} coord_model;
+
+static int load_model(const coord_config *cfg, const char *config_path, coord_model *m, st_err *err) {
+    gguf_file *gf = gguf_open(cfg->model, err);
+    if (!gf) {
+        fprintf(stderr, "strata-coordinator: %s: model: %s\n", config_path, err->msg);
+        return -1;
+    }
+    /* The chat template (POST /v1/chat/completions); absent = the plain format. */
+    if (gguf_find_key(gf, "tokenizer.chat_template") >= 0) {
+        st_err terr = {{0}};
+        if (gguf_get_str(gf, "tokenizer.chat_template", &m->chat_template, &terr) != 0)
+            ST_WARN("coordinator: tokenizer.chat_template: %s; using the plain chat format", terr.msg);
+    }
+    int mrc = llama_config_from_gguf(gf, &m->mc, err);
+    if (mrc == 0 && !(m->vocab = tok_vocab_load(gf, err))) mrc = -1;
+    gguf_close(gf);
+    if (mrc != 0) {
+        fprintf(stderr, "strata-coordinator: %s: %s\n", cfg->model, err->msg);
+        return -1;
+    }
+    m->n_ctx = cfg->n_ctx > 0 ? cfg->n_ctx : m->mc.n_ctx_train;
+    return 0;
+}
+
+/* The engine behind the HTTP API: the live control service (workers
+ * register, placement is automatic or by gRPC), or the static cluster of the
+ * config's stages. */
+typedef struct coord_engine_owner {
+    cluster *cl;
+    ctl_service *ctl;
+} coord_engine_owner;
+
+static int start_engine(struct event_base *base, const coord_opts *o, coord_config *cfg, const coord_model *m,
+                        struct run_state *rs, coord_engine_owner *own, coord_engine *engine, st_err *err) {
+    if (o->live) {
+        ctl_opts lo = {.cfg = cfg,
+                       .vocab = m->vocab,
+                       .n_ctx = m->n_ctx,
+                       .grpc_listen = o->grpc_listen,
+                       .state_path = o->state_path,
+                       .heartbeat_ms = (uint32_t)o->heartbeat_ms,
+                       .suspect_missed = 3,
+                       .dead_after_ms = (uint32_t)o->dead_after_ms,
+                       .min_workers = (int)o->min_workers,
+                       .ready_timeout_s = o->ready_timeout};
+        own->ctl = ctl_create(base, &lo, err);
+        if (!own->ctl) {
+            fprintf(stderr, "strata-coordinator: %s\n", err->msg);
+            return -1;
+        }
+        *engine = ctl_engine(own->ctl);
+        printf("strata-coordinator: gRPC control API on %s (port %d)\n", o->grpc_listen, ctl_grpc_port(own->ctl));
+        fflush(stdout);
+        return 0;
+    }
+    place_range ranges[PLACE_MAX_STAGES];
+    if (coord_config_placement(cfg, m->mc.n_layer, ranges, err) != 0) {
+        fprintf(stderr, "strata-coordinator: %s\n", err->msg);
+        return -1;
+    }
+    for (int i = 0; i < cfg->n_stages; i++)
+        ST_INFO("coordinator: stage %d (%s): layers [%d, %d) TP %d at %s:%d%s%s", i,
+                cfg->stages[i].name, ranges[i].first, ranges[i].last, cfg->stages[i].tp,
+                cfg->stages[i].host, cfg->stages[i].port, i == 0 ? " +embedding" : "",
+                i == cfg->n_stages - 1 ? " +lm_head" : "");
+    cluster_opts co = {.cfg = cfg,
+                       .ranges = ranges,
+                       .n_ctx = m->n_ctx,
+                       .vocab = m->vocab,
+                       .ready_timeout_s = o->ready_timeout,
+                       .on_fatal = on_fatal,
+                       .on_ready = on_ready,
+                       .ud = rs};
+    own->cl = cluster_create(base, &co, err);
+    if (!own->cl) {
+        fprintf(stderr, "strata-coordinator: %s\n", err->msg);
+        return -1;
+    }
+    *engine = cluster_engine(own->cl);
+    return 0;
+}
+
+/* Everything after the command line; returns the exit status. */
+static int run(const coord_opts *o) {
     st_log_set_tag("coordinator");
     char node[256] = "";
     if (gethostname(node, sizeof node - 1) == 0) st_log_set_node(node); /* STRATA_NODE */
     st_err err = {{0}};
     coord_config cfg;
-    if ((live ? coord_config_load_live : coord_config_load)(config_path, &cfg, &err) != 0) {
+    if ((o->live ? coord_config_load_live : coord_config_load)(o->config_path, &cfg, &err) != 0) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
         return 1;
     }
@@ -139,50 +252,18 @@ int main(int argc, char **argv) {
     struct event_base *base = NULL;
     struct event *sigint = NULL, *sigterm = NULL;
     http_api *api = NULL;
-    cluster *cl = NULL;
-    ctl_service *ctl = NULL;
-    tok_vocab *vocab = NULL;
-    char *chat_template = NULL;
+    coord_engine_owner own = {0};
+    coord_model m = {0};
     struct run_state rs = {0};
-    if (listen && coord_parse_hostport(listen, cfg.http_host, sizeof cfg.http_host, &cfg.http_port,
-                                       1, &err) != 0) {
+    if (o->listen && coord_parse_hostport(o->listen, cfg.http_host, sizeof cfg.http_host, &cfg.http_port,
+                                          1, &err) != 0) {
         fprintf(stderr, "strata-coordinator: --listen: %s\n", err.msg);
         goto out;
     }
     /* The model's shape decides the placement and the context. */
-    gguf_file *gf = gguf_open(cfg.model, &err);
-    if (!gf) {
-        fprintf(stderr, "strata-coordinator: %s: model: %s\n", config_path, err.msg);
-        goto out;
-    }
-    llama_config mc;
-    /* The chat template (POST /v1/chat/completions); absent = the plain format. */
-    if (gguf_find_key(gf, "tokenizer.chat_template") >= 0) {
-        st_err terr = {{0}};
-        if (gguf_get_str(gf, "tokenizer.chat_template", &chat_template, &terr) != 0)
-            ST_WARN("coordinator: tokenizer.chat_template: %s; using the plain chat format", terr.msg);
-    }
-    int mrc = llama_config_from_gguf(gf, &mc, &err);
-    if (mrc == 0 && !(vocab = tok_vocab_load(gf, &err))) mrc = -1;
-    gguf_close(gf);
-    if (mrc != 0) {
-        fprintf(stderr, "strata-coordinator: %s: %s\n", cfg.model, err.msg);
-        goto out;
-    }
-    place_range ranges[PLACE_MAX_STAGES];
-    if (!live && coord_config_placement(&cfg, mc.n_layer, ranges, &err) != 0) {
-        fprintf(stderr, "strata-coordinator: %s\n", err.msg);
-        goto out;
-    }
-    int n_ctx = cfg.n_ctx > 0 ? cfg.n_ctx : mc.n_ctx_train;
+    if (load_model(&cfg, o->config_path, &m, &err) != 0) goto out;
     ST_INFO("coordinator: model %s (%s): %d layers, context %d, PP %d", cfg.model_name, cfg.model,
-            mc.n_layer, n_ctx, cfg.n_stages);
-    for (int i = 0; i < cfg.n_stages; i++)
-        ST_INFO("coordinator: stage %d (%s): layers [%d, %d) TP %d at %s:%d%s%s", i,
-                cfg.stages[i].name, ranges[i].first, ranges[i].last, cfg.stages[i].tp,
-                cfg.stages[i].host, cfg.stages[i].port, i == 0 ? " +embedding" : "",
-                i == cfg.n_stages - 1 ? " +lm_head" : "");
-
+            m.mc.n_layer, m.n_ctx, cfg.n_stages);
     base = event_base_new();
     if (!base) {
         fprintf(stderr, "strata-coordinator: cannot create the event loop\n");
@@ -190,44 +271,9 @@ int main(int argc, char **argv) {
     }
     rs.base = base;
     coord_engine engine;
-    if (live) {
-        ctl_opts lo = {.cfg = &cfg,
-                       .vocab = vocab,
-                       .n_ctx = n_ctx,
-                       .grpc_listen = grpc_listen,
-                       .state_path = state_path,
-                       .heartbeat_ms = (uint32_t)heartbeat_ms,
-                       .suspect_missed = 3,
-                       .dead_after_ms = (uint32_t)dead_after_ms,
-                       .min_workers = (int)min_workers,
-                       .ready_timeout_s = ready_timeout};
-        ctl = ctl_create(base, &lo, &err);
-        if (!ctl) {
-            fprintf(stderr, "strata-coordinator: %s\n", err.msg);
-            goto out;
-        }
-        engine = ctl_engine(ctl);
-        printf("strata-coordinator: gRPC control API on %s (port %d)\n", grpc_listen, ctl_grpc_port(ctl));
-        fflush(stdout);
-        goto serve;
-    }
-    cluster_opts co = {.cfg = &cfg,
-                       .ranges = ranges,
-                       .n_ctx = n_ctx,
-                       .vocab = vocab,
-                       .ready_timeout_s = ready_timeout,
-                       .on_fatal = on_fatal,
-                       .on_ready = on_ready,
-                       .ud = &rs};
-    cl = cluster_create(base, &co, &err);
-    if (!cl) {
-        fprintf(stderr, "strata-coordinator: %s\n", err.msg);
-        goto out;
-    }
-    engine = cluster_engine(cl);
-serve:;
-    http_api_config hc = {cfg.http_host, cfg.http_port, cfg.max_body_bytes, cfg.model_name, n_ctx,
-                          chat_template, compl_tokenizer_vocab(vocab)};
+    if (start_engine(base, o, &cfg, &m, &rs, &own, &engine, &err) != 0) goto out;
+    http_api_config hc = {cfg.http_host, cfg.http_port, cfg.max_body_bytes, cfg.model_name, m.n_ctx,
+                          m.chat_template, compl_tokenizer_vocab(m.vocab)};
     api = http_api_create(base, &hc, &engine, &err);
     if (!api) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
@@ -247,13 +293,19 @@ serve:;
     rc = rs.failed ? 1 : 0;
 out:
     http_api_destroy(api);
-    ctl_destroy(ctl);
-    cluster_destroy(cl);
-    tok_vocab_free(vocab);
-    free(chat_template);
+    ctl_destroy(own.ctl);
+    cluster_destroy(own.cl);
+    tok_vocab_free(m.vocab);
+    free(m.chat_template);
     if (sigint) event_free(sigint);
     if (sigterm) event_free(sigterm);
     if (base) event_base_free(base);
     coord_config_free(&cfg);
     return rc;
+}
+
+int main(int argc, char **argv) {
+    coord_opts o;
+    int rc = parse_opts(argc, argv, &o);
+    return rc >= 0 ? rc : run(&o);
 }
