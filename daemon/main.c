@@ -34,6 +34,31 @@
 #define MAX_MODELS 64
 #define LOAD_PERIOD_MS 500
 
+/* What the command line asks for (models: owned copies of the paths). */
+struct worker_cli {
+    const char *listen, *name, *coordinator;
+    char host[256]; /* --listen split */
+    int port;
+    int threads;
+    char *models[MAX_MODELS];
+    int n_models;
+    uint64_t memory;
+};
+
+static int parse_options(int argc, char **argv, struct worker_cli *o);
+static int run(const struct worker_cli *o);
+
+int main(int argc, char **argv)
+{
+    struct worker_cli o = {0};
+    int rc = parse_options(argc, argv, &o);
+    if (rc < 0) rc = run(&o);
+    for (int i = 0; i < o.n_models; i++) free(o.models[i]);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- options */
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -56,6 +81,109 @@ static int bad(const char *fmt, const char *arg)
     return 2;
 }
 
+static int parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s) return -1;
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1ull << 10, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1ull << 20, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1ull << 30, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (*end || v == 0) return -1;
+    *out = (uint64_t)v * mul;
+    return 0;
+}
+
+/* Adds every *.gguf file in dir to o->models. 0, or the exit code (message printed). */
+static int add_model_dir(struct worker_cli *o, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return bad("--model-dir: cannot open '%s'", dir);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
+        if (o->n_models == MAX_MODELS) {
+            closedir(d);
+            return bad("more than %s model files", "64");
+        }
+        char *p = malloc(strlen(dir) + l + 2);
+        if (p) sprintf(p, "%s/%s", dir, e->d_name);
+        if (p) o->models[o->n_models++] = p;
+    }
+    closedir(d);
+    return 0;
+}
+
+/* Fills *o from argv (flags in docs/worker.md). Returns -1 to go on and run,
+ * else the exit code: 0 after --help, 2 after a bad flag (one line printed). */
+static int parse_options(int argc, char **argv, struct worker_cli *o)
+{
+    static const struct option opts[] = {{"listen", required_argument, 0, 'l'},
+                                         {"name", required_argument, 0, 'n'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"log-level", required_argument, 0, 'v'},
+                                         {"coordinator", required_argument, 0, 'C'},
+                                         {"model", required_argument, 0, 'm'},
+                                         {"model-dir", required_argument, 0, 'D'},
+                                         {"memory", required_argument, 0, 'M'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int rc;
+    opterr = 0;
+    for (;;) {
+        int c = getopt_long(argc, argv, "", opts, NULL);
+        if (c == -1) break;
+        char *end;
+        switch (c) {
+        case 'l': o->listen = optarg; break;
+        case 'n': o->name = optarg; break;
+        case 't': {
+            long v = strtol(optarg, &end, 10);
+            if (!*optarg || *end || v < 0 || v > 4096)
+                return bad("--threads '%s' is not an integer in [0, 4096]", optarg);
+            o->threads = (int)v;
+            break;
+        }
+        case 'v':
+            if (!strcmp(optarg, "error")) st_log_set_level(ST_LOG_ERROR);
+            else if (!strcmp(optarg, "warn")) st_log_set_level(ST_LOG_WARN);
+            else if (!strcmp(optarg, "info")) st_log_set_level(ST_LOG_INFO);
+            else if (!strcmp(optarg, "debug")) st_log_set_level(ST_LOG_DEBUG);
+            else return bad("--log-level '%s' is not error, warn, info or debug", optarg);
+            break;
+        case 'C': o->coordinator = optarg; break;
+        case 'm':
+            if (o->n_models == MAX_MODELS) return bad("more than %s model files", "64");
+            if (access(optarg, R_OK) != 0) return bad("--model: cannot read '%s'", optarg);
+            o->models[o->n_models++] = strdup(optarg);
+            break;
+        case 'D':
+            if ((rc = add_model_dir(o, optarg))) return rc;
+            break;
+        case 'M':
+            if (parse_bytes(optarg, &o->memory)) return bad("--memory '%s' is not a byte count (e.g. 8G)", optarg);
+            break;
+        case 'h': usage(stdout); return 0;
+        default: return bad("unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
+    if (!o->listen) return bad("%s", "--listen HOST:PORT is required");
+    if ((o->n_models || o->memory) && !o->coordinator)
+        return bad("%s", "--model, --model-dir and --memory need --coordinator");
+    if (o->coordinator && !o->name) return bad("%s", "--coordinator needs --name (the node name it registers)");
+    st_err err;
+    if (worker_parse_hostport(o->listen, o->host, sizeof o->host, &o->port, 1, &err))
+        return bad("--listen: %s", err.msg);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- running */
+
 struct load_tick {
     worker *w;
     reg_client *reg;
@@ -76,22 +204,6 @@ static void on_load_tick(evutil_socket_t fd, short what, void *arg)
     reg_set_load(t->reg, &rl);
 }
 
-static int parse_bytes(const char *s, uint64_t *out)
-{
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s) return -1;
-    uint64_t mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1ull << 10, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1ull << 20, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1ull << 30, end++;
-    if (*end == 'i' || *end == 'B') end++;
-    if (*end == 'B') end++;
-    if (*end || v == 0) return -1;
-    *out = (uint64_t)v * mul;
-    return 0;
-}
-
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     ST_INFO("worker: signal %d, shutting down", (int)sig);
@@ -99,165 +211,71 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     event_base_loopbreak(arg);
 }
 
-int main(int argc, char **argv)
+/* Live mode: registers with the coordinator (daemon/registration.h) and
+ * starts the timer that hands it the load. 0, or -1 (one line printed). */
+static int start_live(const struct worker_cli *o, struct event_base *base, struct load_tick *tick)
 {
-    static const struct option opts[] = {{"listen", required_argument, 0, 'l'},
-                                         {"name", required_argument, 0, 'n'},
-                                         {"threads", required_argument, 0, 't'},
-                                         {"log-level", required_argument, 0, 'v'},
-                                         {"coordinator", required_argument, 0, 'C'},
-                                         {"model", required_argument, 0, 'm'},
-                                         {"model-dir", required_argument, 0, 'D'},
-                                         {"memory", required_argument, 0, 'M'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    const char *listen = NULL, *name = NULL, *coordinator = NULL;
-    int threads = 0;
-    char *models[MAX_MODELS];
-    int n_models = 0;
-    uint64_t memory = 0;
-    int rc = 2;
-    opterr = 0;
-    for (;;) {
-        int c = getopt_long(argc, argv, "", opts, NULL);
-        if (c == -1) break;
-        char *end;
-        switch (c) {
-        case 'l': listen = optarg; break;
-        case 'n': name = optarg; break;
-        case 't': {
-            long v = strtol(optarg, &end, 10);
-            if (!*optarg || *end || v < 0 || v > 4096) {
-                rc = bad("--threads '%s' is not an integer in [0, 4096]", optarg);
-                goto out_models;
-            }
-            threads = (int)v;
-            break;
-        }
-        case 'v':
-            if (!strcmp(optarg, "error")) st_log_set_level(ST_LOG_ERROR);
-            else if (!strcmp(optarg, "warn")) st_log_set_level(ST_LOG_WARN);
-            else if (!strcmp(optarg, "info")) st_log_set_level(ST_LOG_INFO);
-            else if (!strcmp(optarg, "debug")) st_log_set_level(ST_LOG_DEBUG);
-            else {
-                rc = bad("--log-level '%s' is not error, warn, info or debug", optarg);
-                goto out_models;
-            }
-            break;
-        case 'C': coordinator = optarg; break;
-        case 'm':
-            if (n_models == MAX_MODELS) goto too_many;
-            if (access(optarg, R_OK) != 0) {
-                rc = bad("--model: cannot read '%s'", optarg);
-                goto out_models;
-            }
-            models[n_models++] = strdup(optarg);
-            break;
-        case 'D': {
-            DIR *d = opendir(optarg);
-            if (!d) {
-                rc = bad("--model-dir: cannot open '%s'", optarg);
-                goto out_models;
-            }
-            struct dirent *e;
-            while ((e = readdir(d))) {
-                size_t l = strlen(e->d_name);
-                if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
-                if (n_models == MAX_MODELS) {
-                    closedir(d);
-                    goto too_many;
-                }
-                char *p = malloc(strlen(optarg) + l + 2);
-                if (p) sprintf(p, "%s/%s", optarg, e->d_name);
-                if (p) models[n_models++] = p;
-            }
-            closedir(d);
-            break;
-        }
-        case 'M':
-            if (parse_bytes(optarg, &memory)) {
-                rc = bad("--memory '%s' is not a byte count (e.g. 8G)", optarg);
-                goto out_models;
-            }
-            break;
-        case 'h': usage(stdout); rc = 0; goto out_models;
-        default:
-            rc = bad("unknown or incomplete option '%s'", argv[optind - 1]);
-            goto out_models;
-        }
+    char data_addr[300], hn[256];
+    const char *adv = o->host;
+    if (!strcmp(o->host, "0.0.0.0") || !strcmp(o->host, "::")) {
+        if (gethostname(hn, sizeof hn) == 0) adv = hn;
     }
-    if (optind < argc) {
-        rc = bad("unexpected argument '%s'", argv[optind]);
-        goto out_models;
-    }
-    if (!listen) {
-        rc = bad("%s", "--listen HOST:PORT is required");
-        goto out_models;
-    }
-    if ((n_models || memory) && !coordinator) {
-        rc = bad("%s", "--model, --model-dir and --memory need --coordinator");
-        goto out_models;
-    }
-    if (coordinator && !name) {
-        rc = bad("%s", "--coordinator needs --name (the node name it registers)");
-        goto out_models;
-    }
-    char host[256];
-    int port;
+    snprintf(data_addr, sizeof data_addr, strchr(adv, ':') ? "[%s]:%d" : "%s:%d", adv, worker_port(tick->w));
+    reg_opts ro = {.coordinator = o->coordinator,
+                   .node = o->name,
+                   .data_address = data_addr,
+                   .models = (const char *const *)o->models,
+                   .n_models = o->n_models,
+                   .memory_bytes = o->memory};
     st_err err;
-    if (worker_parse_hostport(listen, host, sizeof host, &port, 1, &err)) {
-        rc = bad("--listen: %s", err.msg);
-        goto out_models;
+    tick->reg = reg_start(&ro, &err);
+    tick->ev = tick->reg ? event_new(base, -1, EV_PERSIST, on_load_tick, tick) : NULL;
+    struct timeval tv = {0, LOAD_PERIOD_MS * 1000};
+    if (!tick->reg || !tick->ev || event_add(tick->ev, &tv)) {
+        fprintf(stderr, "strata-worker: error: %s\n", tick->reg ? "cannot create the load timer" : err.msg);
+        return -1;
     }
-    rc = 1;
-    if (name) st_log_set_tag(name);
-    st_log_set_node(name ? name : listen); /* STRATA_NODE (docs/logging.md) */
+    return 0;
+}
+
+/* Starts the worker, serves until SIGTERM / SIGINT and stops. The exit code:
+ * 0, or 1 when it could not start (one line printed). */
+static int run(const struct worker_cli *o)
+{
+    if (o->name) st_log_set_tag(o->name);
+    st_log_set_node(o->name ? o->name : o->listen); /* STRATA_NODE (docs/logging.md) */
 
     signal(SIGPIPE, SIG_IGN);
     struct event_base *base = event_base_new();
     if (!base) {
         fprintf(stderr, "strata-worker: error: cannot create the event loop\n");
-        goto out_models;
+        return 1;
     }
-    worker_opts wo = {.listen_host = host, .listen_port = port, .name = name, .n_threads = threads,
-                      .models = (const char *const *)models, .n_models = n_models};
+    worker_opts wo = {.listen_host = o->host, .listen_port = o->port, .name = o->name, .n_threads = o->threads,
+                      .models = (const char *const *)o->models, .n_models = o->n_models};
+    st_err err;
     worker *w = worker_create(base, &wo, &err);
     if (!w) {
         fprintf(stderr, "strata-worker: error: %s\n", err.msg);
         event_base_free(base);
-        goto out_models;
+        return 1;
     }
+    int rc = 1;
     struct event *sig_term = evsignal_new(base, SIGTERM, on_signal, base);
     struct event *sig_int = evsignal_new(base, SIGINT, on_signal, base);
     struct load_tick tick = {w, NULL, NULL};
     if (!sig_term || !sig_int || event_add(sig_term, NULL) || event_add(sig_int, NULL)) {
         fprintf(stderr, "strata-worker: error: cannot install signal handlers\n");
-        goto out_loop;
+        goto out;
     }
-    ST_INFO("worker: listening on %s:%d", host, worker_port(w));
-    if (coordinator) {
-        char data_addr[300], hn[256];
-        const char *adv = host;
-        if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::")) {
-            if (gethostname(hn, sizeof hn) == 0) adv = hn;
-        }
-        snprintf(data_addr, sizeof data_addr, strchr(adv, ':') ? "[%s]:%d" : "%s:%d", adv, worker_port(w));
-        reg_opts ro = {.coordinator = coordinator, .node = name, .data_address = data_addr,
-                       .models = (const char *const *)models, .n_models = n_models, .memory_bytes = memory};
-        tick.reg = reg_start(&ro, &err);
-        tick.ev = tick.reg ? event_new(base, -1, EV_PERSIST, on_load_tick, &tick) : NULL;
-        struct timeval tv = {0, LOAD_PERIOD_MS * 1000};
-        if (!tick.reg || !tick.ev || event_add(tick.ev, &tv)) {
-            fprintf(stderr, "strata-worker: error: %s\n", tick.reg ? "cannot create the load timer" : err.msg);
-            goto out_loop;
-        }
-    }
-    printf("strata-worker: listening on %s:%d\n", host, worker_port(w));
+    ST_INFO("worker: listening on %s:%d", o->host, worker_port(w));
+    if (o->coordinator && start_live(o, base, &tick)) goto out;
+    printf("strata-worker: listening on %s:%d\n", o->host, worker_port(w));
     fflush(stdout);
     sd_notify(0, "READY=1");
 
     rc = event_base_dispatch(base) < 0 ? 1 : 0;
-out_loop:
+out:
     reg_stop(tick.reg);
     if (tick.ev) event_free(tick.ev);
     if (sig_term) event_free(sig_term);
@@ -265,10 +283,5 @@ out_loop:
     worker_destroy(w);
     event_base_free(base);
     ST_INFO("worker: stopped");
-out_models:
-    for (int i = 0; i < n_models; i++) free(models[i]);
     return rc;
-too_many:
-    rc = bad("more than %s model files", "64");
-    goto out_models;
 }
