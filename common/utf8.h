@@ -12,8 +12,8 @@
  * surrogate) and lone continuation bytes are one U+FFFD per byte.
  *
  * Users: the tokenizer (model/tok*.c, the streaming detokenizer tok_stream),
- * the HTTP API's completion text (coordinator/completions.c) and the gRPC
- * Generate stream (coordinator/control_service.c): the same bytes give the
+ * the HTTP API's completion text (coordinator/api/completions.c) and the gRPC
+ * Generate stream (coordinator/control/control_service.c): the same bytes give the
  * same text everywhere.
  */
 #ifndef STRATA_COMMON_UTF8_H

@@ -20,7 +20,7 @@
  * UTF-8: if the pieces and the stop strings are valid UTF-8, every cut lands
  * on a character boundary (a match starts at the stop string's first byte).
  * Both users feed text that common/utf8.h made valid: strata-run through
- * tok_stream, the HTTP API (coordinator/completions.c) through utf8_stream.
+ * tok_stream, the HTTP API (coordinator/api/completions.c) through utf8_stream.
  *
  * Offsets: `fed` counts the bytes fed so far, so before a feed it is the
  * offset in the whole text where that piece starts (the completions API's

@@ -78,7 +78,7 @@ typedef struct compl_request {
     double frequency_penalty; /* [-2, 2] */
     bool ignore_eos;        /* vendor field (vLLM's): generate past EOS up to max_tokens */
     char *user;
-    /* POST /v1/chat/completions (coordinator/chat.h): prompt is the rendered
+    /* POST /v1/chat/completions (coordinator/api/chat.h): prompt is the rendered
      * conversation, tokenized with parse_special; responses are
      * chat.completion(.chunk) objects. */
     bool chat;
@@ -102,7 +102,7 @@ typedef struct compl_limits {
  * (not a string or list, more than 4, empty, longer than 256 bytes). */
 int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_request *out,
                 compl_error *e);
-/* The same for POST /v1/chat/completions: "messages" (coordinator/chat.h)
+/* The same for POST /v1/chat/completions: "messages" (coordinator/api/chat.h)
  * instead of "prompt", "logprobs" a boolean with "top_logprobs" 0..20,
  * "max_completion_tokens" as an alias of "max_tokens", no "echo". */
 int compl_parse_chat(const char *body, size_t len, const compl_limits *lim, compl_request *out,

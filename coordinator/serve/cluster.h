@@ -1,4 +1,4 @@
-/* cluster.h — the coordinator's serving engine (coordinator/engine_api.h)
+/* cluster.h — the coordinator's serving engine (coordinator/serve/engine_api.h)
  * over real worker processes: it drives the stages (strata-worker, daemon/)
  * over the UCX data plane (ib/transport.h) with the scheduler (sched.h).
  *
@@ -92,7 +92,7 @@ void cluster_destroy(cluster *c);
 /* The engine interface (impl = c). */
 coord_engine cluster_engine(cluster *c);
 
-/* ---- live placement changes (coordinator/control_service.c) ----
+/* ---- live placement changes (coordinator/control/control_service.c) ----
  * A placement change runs a second cluster (the new epoch) beside the serving
  * one. When it is ready: cluster_pause(old) (no new micro-batches), wait until
  * cluster_inflight(old) == 0, then cluster_move_requests(old, new): every

@@ -71,7 +71,7 @@ typedef struct coord_sink {
     void (*on_finish)(void *ctx, enum coord_finish reason, const char *message);
 } coord_sink;
 
-/* Engine state for GET /metrics (coordinator/metrics_coord.h). */
+/* Engine state for GET /metrics (coordinator/api/metrics_coord.h). */
 #define COORD_STATS_MAX_STAGES 64
 #define COORD_NAME_LEN 64
 typedef struct coord_stage_stats {
@@ -110,7 +110,7 @@ typedef struct coord_engine_ops {
     int (*health)(void *impl, st_err *err);
     /* Optional (NULL: GET /v1/stages answers 404): the engine's state as a
      * malloc'd JSON object (per-stage counters, KV blocks; see
-     * coordinator/cluster.h), or NULL on out of memory. */
+     * coordinator/serve/cluster.h), or NULL on out of memory. */
     char *(*stages_json)(void *impl);
     /* Optional (NULL: /metrics has no engine gauges): fills *out. */
     void (*stats)(void *impl, coord_engine_stats *out);

@@ -1,6 +1,6 @@
-/* test_placement.c — the live-mode placement rules (coordinator/placement.h),
- * the registry's states and failure detection (coordinator/registry.h) with
- * a driven clock, and the state file round trip (coordinator/state_file.h). */
+/* test_placement.c — the live-mode placement rules (coordinator/control/placement.h),
+ * the registry's states and failure detection (coordinator/control/registry.h) with
+ * a driven clock, and the state file round trip (coordinator/control/state_file.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,10 +5,10 @@
  * lone continuation bytes, truncated and overlong sequences, surrogates and
  * bytes that never start a character. Each sequence goes, under several stop
  * lists, through
- *   - the HTTP path: each id's raw piece (tok_piece, as coordinator/cluster.c
+ *   - the HTTP path: each id's raw piece (tok_piece, as coordinator/serve/cluster.c
  *     delivers it) into compl_output_token, SSE chunks after every token and
  *     a final chunk (their texts concatenated), and the non-streaming
- *     response (coordinator/completions.c);
+ *     response (coordinator/api/completions.c);
  *   - strata-run's path: tok_stream_push, the stop matcher, tok_stream_flush
  *     and stop_flush, as cli/strata_run.c's on_token / finish_text do;
  * and must give the same text, the same number of tokens consumed, the same
@@ -98,7 +98,7 @@ static void run_path(const int32_t *ids, int n, const char *const *stops, int ns
     REQUIRE(!r->text.oom);
 }
 
-/* ---- the HTTP path (coordinator/completions.c) ---- */
+/* ---- the HTTP path (coordinator/api/completions.c) ---- */
 
 typedef struct http_text {
     char *text;        /* the non-streaming response's */
@@ -165,7 +165,7 @@ static void http_path(const int32_t *ids, int n, const char *const *stops, int n
         char *c = compl_output_chunk(&stream, &m, NULL, &none);
         if (c) CHECK(take_chunk(c, &st, h->stream_offsets) == NULL);
     }
-    const char *finish = stopped ? "stop" : "length"; /* as coordinator/http_api.c */
+    const char *finish = stopped ? "stop" : "length"; /* as coordinator/api/http_api.c */
     bool none;
     char *c = compl_output_chunk(&stream, &m, finish, &none);
     REQUIRE(c);
