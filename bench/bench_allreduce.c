@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "compute/comm.h"
 
 typedef struct {
@@ -21,12 +21,6 @@ typedef struct {
     double seconds;
     int rc;
 } bench_arg;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void *rank_main(void *p) {
     bench_arg *a = p;
@@ -39,9 +33,9 @@ static void *rank_main(void *p) {
     }
     for (int i = 0; i < 3 && a->rc == 0; i++) a->rc = comm_all_reduce_sum(a->c, buf, count, a->dt, &err); /* warm */
     if (a->rc == 0) a->rc = comm_barrier(a->c, &err);
-    double t0 = now_s();
+    double t0 = st_now_s();
     for (int i = 0; i < a->iters && a->rc == 0; i++) a->rc = comm_all_reduce_sum(a->c, buf, count, a->dt, &err);
-    a->seconds = now_s() - t0;
+    a->seconds = st_now_s() - t0;
     if (a->rc) fprintf(stderr, "rank %d: %s\n", a->c->rank, err.msg);
     free(buf);
     return NULL;

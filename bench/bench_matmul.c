@@ -17,19 +17,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "compute/cpu/matmul.h"
 
 #define MAX_SHAPES 16
 #define MAX_T 16
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void) {
@@ -200,11 +194,11 @@ int main(int argc, char **argv) {
             }
             /* Best call of those in min_time (robust to other load on the machine). */
             int reps = 0;
-            double t0 = now_s(), el = 0, sec = 1e30;
+            double t0 = st_now_s(), el = 0, sec = 1e30;
             while (el < min_time || reps < 3) {
-                double c0 = now_s();
+                double c0 = st_now_s();
                 cpu_matmul(pool, y, x, w + (size_t)(reps % copies) * wbytes, type, T, K, N, &err);
-                double c1 = now_s();
+                double c1 = st_now_s();
                 if (c1 - c0 < sec) sec = c1 - c0;
                 reps++;
                 el = c1 - t0;

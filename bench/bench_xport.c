@@ -20,20 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "ib/transport.h"
 
 #define MAX_BYTES (16u << 20)
 #define WINDOW 8
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 struct bench {
     struct event_base *base;
@@ -140,10 +133,10 @@ static void cli_disc(xport_peer *p, const char *reason, void *ud)
 
 static int wait_for(struct bench *b, long *ctr, long want, double timeout)
 {
-    double t0 = now_s();
+    double t0 = st_now_s();
     while (*ctr < want && !b->gone) {
         event_base_loop(b->base, EVLOOP_NONBLOCK);
-        if (now_s() - t0 > timeout) return -1;
+        if (st_now_s() - t0 > timeout) return -1;
     }
     return b->gone ? -1 : 0;
 }
@@ -176,7 +169,7 @@ static int run_client(const char *host, int port)
         int warm = iters / 10 + 2;
         double t0 = 0;
         for (int i = 0; i < warm + iters; i++) {
-            if (i == warm) t0 = now_s();
+            if (i == warm) t0 = st_now_s();
             make_hdr(&m, bytes, 0, (uint64_t)i);
             long want = b.got + 1;
             if (xport_send(b.peer, &m.h, xport_mem_ptr(b.buf), bytes, b.buf, on_sent, &b, &err) ||
@@ -185,12 +178,12 @@ static int run_client(const char *host, int port)
                 return 1;
             }
         }
-        double lat = (now_s() - t0) / iters / 2 * 1e6;
+        double lat = (st_now_s() - t0) / iters / 2 * 1e6;
         /* bandwidth: WINDOW frames in flight */
         int n = iters * 2;
         long base_got = b.got;
         int sent = 0;
-        double t1 = now_s();
+        double t1 = st_now_s();
         while (b.got - base_got < n) {
             while (sent < n && sent - (b.got - base_got) < WINDOW) {
                 make_hdr(&m, bytes, 1, (uint64_t)sent);
@@ -201,9 +194,9 @@ static int run_client(const char *host, int port)
                 sent++;
             }
             event_base_loop(b.base, EVLOOP_NONBLOCK);
-            if (b.gone || now_s() - t1 > 60) return 1;
+            if (b.gone || st_now_s() - t1 > 60) return 1;
         }
-        double bw = (double)bytes * n / (now_s() - t1) / 1048576.0;
+        double bw = (double)bytes * n / (st_now_s() - t1) / 1048576.0;
         printf("  %10zu %12.2f %14.1f\n", bytes, lat, bw);
         fflush(stdout);
     }

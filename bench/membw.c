@@ -50,12 +50,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "common/clock.h"
 #include "compute/cpu/threadpool.h"
 
 /* Reads n bytes at p (n a multiple of 1024: see rd_fn) and folds them into a
@@ -234,20 +234,14 @@ static void fill_fn(void *p, int ith, int nth) { /* first touch from the reading
     memset(f->buf + (size_t)lo * 4096, ith + 1, (size_t)(hi - lo) * 4096);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* One timed read of the next window (windows rotate over all measurements). */
 static double measure_once(st_pool *pool, const uint8_t *buf, size_t bytes, size_t window, read_fn fn) {
     static size_t next_win;
     size_t nwin = bytes / window;
     rd_job j = {.buf = buf + next_win++ % nwin * window, .bytes = window / 4096 * 4096, .fn = fn};
-    double t0 = now_s();
+    double t0 = st_now_s();
     st_pool_run(pool, rd_fn, &j);
-    double gbps = (double)j.bytes / (now_s() - t0) / 1e9;
+    double gbps = (double)j.bytes / (st_now_s() - t0) / 1e9;
     if (j.sink[0] == 42) fprintf(stderr, "(sink)\n"); /* keep the reads observable */
     return gbps;
 }

@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "common/log.h"
 #include "model/gguf.h"
@@ -276,14 +276,12 @@ static int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "strata-gguf: %s\n", err.msg);
         return 1;
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = st_now_s();
     if (synth_write(&p, out, &err)) {
         fprintf(stderr, "strata-gguf: %s\n", err.msg);
         return 1;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double secs = st_now_s() - t0;
     gguf_file *f = gguf_open(out, &err);
     if (!f) {
         fprintf(stderr, "strata-gguf: written file does not read back: %s\n", err.msg);
@@ -367,8 +365,7 @@ static int cmd_quantize(int argc, char **argv) {
     snprintf(quant_tmp, sizeof quant_tmp, "%s.tmp", out);
     const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], on_signal);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = st_now_s();
     st_err err;
     quantize_stats st;
     int rc = quantize_file(in, out, &p, &st, &err);
@@ -378,8 +375,7 @@ static int cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "strata-gguf: %s\n", err.msg);
         return 1;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double secs = st_now_s() - t0;
     const double mib = 1024.0 * 1024.0;
     printf("%s: %s (file type %d): %" PRId64 " of %" PRId64 " tensors quantized, %" PRId64
            " already %s, %" PRId64 " kept (row length), %" PRId64 " copied; tensor data %.2f MiB "

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "daemon/datapath.h"
 
@@ -23,13 +24,6 @@ struct open_job {
     uint64_t gen;
     char *model_path; /* owned; cj.params.model_path points here */
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void assign_clear(struct assign *a)
 {
@@ -106,7 +100,7 @@ static void send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsReque
     s.stage = w->cur.stage;
     s.loaded = w->state == W_READY;
     s.busy_seconds = cs.busy_seconds;
-    s.uptime_seconds = now_s() - w->t_start;
+    s.uptime_seconds = st_now_s() - w->t_start;
     s.forwards = cs.forwards;
     s.tokens = cs.tokens;
     s.frames_sent = xs.frames_sent;

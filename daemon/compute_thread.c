@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "ib/frame.h"
 
@@ -26,20 +26,6 @@ struct compute {
     compute_stats stats;        /* snapshot, under mu */
     stage *st;                  /* owned by the thread */
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void push(cjob **head, cjob **tail, cjob *j)
 {
@@ -76,7 +62,7 @@ static void run_open(compute *c, cjob *j)
         stage_close(c->st);
         c->st = NULL;
     }
-    double t0 = now_s();
+    double t0 = st_now_s();
     c->st = stage_open(&j->params, &j->err);
     if (!c->st) {
         j->status = -1;
@@ -99,7 +85,7 @@ static void run_open(compute *c, cjob *j)
             in->buf_bytes += rs.buf_bytes;
         }
     }
-    in->load_seconds = now_s() - t0;
+    in->load_seconds = st_now_s() - t0;
     j->status = 0;
 }
 
@@ -109,9 +95,9 @@ static void run_forward(compute *c, cjob *j)
         j->status = st_errf(&j->err, "worker: no stage loaded");
         return;
     }
-    j->start_ns = now_ns();
+    j->start_ns = st_now_ns();
     j->status = stage_forward(c->st, &j->batch, j->hidden_in, j->hidden_out, j->samples, &j->err);
-    j->end_ns = now_ns();
+    j->end_ns = st_now_ns();
     j->seconds = (double)(j->end_ns - j->start_ns) * 1e-9;
     if (j->status == 0 && j->out_bf16) frame_f32_to_bf16(j->hidden_out, j->out_bf16, j->n_out);
 }

@@ -12,19 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "daemon/assignment.h"
 #include "daemon/datapath.h"
 #include "daemon/worker_internal.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -132,7 +125,7 @@ worker *worker_create(struct event_base *base, const worker_opts *o, st_err *err
         return NULL;
     }
     w->base = base;
-    w->t_start = now_s();
+    w->t_start = st_now_s();
     w->n_threads = o->n_threads;
     xport_callbacks cb = {.on_connect = on_connect, .on_disconnect = on_disconnect, .on_frame = on_frame, .ud = w};
     w->x = xport_create(base, o->listen_host, o->listen_port, &cb, err);
@@ -170,7 +163,7 @@ void worker_load_get(worker *w, worker_load *out)
     xport_stats xs;
     xport_get_stats(w->x, &xs);
     out->bytes_sent = xs.bytes_sent;
-    out->uptime_seconds = now_s() - w->t_start;
+    out->uptime_seconds = st_now_s() - w->t_start;
     for (wstage *st = w->stages; st; st = st->link) {
         compute_stats cs;
         compute_get_stats(st->cq, &cs);

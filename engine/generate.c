@@ -5,8 +5,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "model/kv.h"
 
@@ -15,12 +15,6 @@ struct gen_engine {
     stage *st;
     kv_alloc *kv;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 gen_engine *gen_open(const gen_params *pin, st_err *err) {
     gen_engine *g = calloc(1, sizeof *g);
@@ -193,7 +187,7 @@ int gen_run(gen_engine *g, const gen_request *reqs, int n_reqs, gen_result *resu
         ss[i].active = 1;
     }
 
-    const double t0 = now_s();
+    const double t0 = st_now_s();
     int64_t prefill_tokens = 0, decode_tokens = 0;
     int decode_steps = 0;
     /* Prefill: batches of whole prompts or chunks of them, max_batch_tokens each. */
@@ -234,7 +228,7 @@ int gen_run(gen_engine *g, const gen_request *reqs, int n_reqs, gen_result *resu
             }
         }
     }
-    const double t1 = now_s();
+    const double t1 = st_now_s();
     /* Decode: one token per active sequence per step. */
     for (;;) {
         int ns = 0;
@@ -268,7 +262,7 @@ int gen_run(gen_engine *g, const gen_request *reqs, int n_reqs, gen_result *resu
             }
         }
     }
-    const double t2 = now_s();
+    const double t2 = st_now_s();
     if (timing) {
         memset(timing, 0, sizeof *timing);
         timing->ttft_s = t1 - t0;

@@ -9,8 +9,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "common/log.h"
 #include "compute/backend.h"
@@ -94,15 +94,9 @@ struct stage {
     int meta_seq_cap;
     backend_attn_seq *aseqs;
     int32_t *logit_rows, *logit_seq;
-    struct timespec opened;
+    uint64_t opened_ns;
     stage_stats stats;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---------------------------------------------------------------- loading */
 
@@ -505,7 +499,7 @@ static void *rank_main(void *arg) {
         int phase = s->phase;
         pthread_mutex_unlock(&s->mu);
 
-        double t0 = now_s();
+        double t0 = st_now_s();
         rc->rc = 0;
         if (phase == 0) {
             st_err e;
@@ -520,7 +514,7 @@ static void *rank_main(void *arg) {
             rc->rc = rank_prepare(rc, s->cur.b->n_tokens, s->cur.n_logit, &rc->err);
         } else {
             rank_forward(rc);
-            rc->busy += now_s() - t0;
+            rc->busy += st_now_s() - t0;
         }
 
         pthread_mutex_lock(&s->mu);
@@ -539,13 +533,13 @@ static void *rank_main(void *arg) {
 static int run_phase(stage *s, int phase, st_err *err) {
     if (s->tp == 1 && !s->cuda && phase != 0) {
         rank_ctx *rc = &s->ranks[0];
-        double t0 = now_s();
+        double t0 = st_now_s();
         rc->rc = 0;
         if (phase == 1) {
             rc->rc = rank_prepare(rc, s->cur.b->n_tokens, s->cur.n_logit, &rc->err);
         } else {
             rank_forward(rc);
-            rc->busy += now_s() - t0;
+            rc->busy += st_now_s() - t0;
         }
         if (rc->rc != 0) {
             if (err) *err = rc->err;
@@ -740,7 +734,7 @@ stage *stage_open(const stage_params *pin, st_err *err) {
         const gguf_tensor *t = gguf_tensor_at(s->f, i);
         gguf_release_pages(s->f, t->data, t->nbytes);
     }
-    clock_gettime(CLOCK_MONOTONIC, &s->opened);
+    s->opened_ns = st_now_ns();
     return s;
 fail:
     stage_close(s);
@@ -773,9 +767,7 @@ int stage_rank_stats_get(const stage *s, int rank, stage_rank_stats *out) {
 
 void stage_stats_get(const stage *s, stage_stats *out) {
     *out = s->stats;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    out->open_seconds = (double)(ts.tv_sec - s->opened.tv_sec) + 1e-9 * (double)(ts.tv_nsec - s->opened.tv_nsec);
+    out->open_seconds = (double)(st_now_ns() - s->opened_ns) * 1e-9;
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -806,7 +798,7 @@ static int grow_meta(stage *s, int64_t T, int n_seqs, st_err *err) {
 
 int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float *hidden_out,
                   stage_sample_out *samples, st_err *err) {
-    const double t0 = now_s();
+    const double t0 = st_now_s();
     const llama_config *c = &s->cfg;
     const bool first = stage_is_first(s), last = stage_is_last(s);
     if (!b || b->n_seqs < 1 || !b->seqs || b->n_tokens < 1)
@@ -874,6 +866,6 @@ int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float 
     if (run_phase(s, 1, err) || run_phase(s, 2, err)) return -1;
     s->stats.forwards++;
     s->stats.tokens += (uint64_t)b->n_tokens;
-    s->stats.busy_seconds += now_s() - t0;
+    s->stats.busy_seconds += st_now_s() - t0;
     return 0;
 }

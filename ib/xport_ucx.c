@@ -26,11 +26,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <ucp/api/ucp.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 #define XPORT_AM_FRAME 17
@@ -938,13 +938,6 @@ void xport_mem_unregister(xport *x, xport_mem *m)
 
 void xport_get_stats(const xport *x, xport_stats *out) { *out = x->stats; }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 void xport_destroy(xport *x)
 {
     if (!x) return;
@@ -957,7 +950,7 @@ void xport_destroy(xport *x)
         }
         /* Let closes and cancelled operations complete (bounded), running
          * the send callbacks as they complete. */
-        double t0 = now_s();
+        double t0 = st_now_s();
         for (;;) {
             while (ucp_worker_progress(x->worker)) {
             }
@@ -974,7 +967,7 @@ void xport_destroy(xport *x)
             bool busy = false;
             for (xport_peer *p = x->peers; p; p = p->next)
                 if (p->state != PEER_CLOSED || p->ops > 0) busy = true;
-            if (!busy || now_s() - t0 > 5.0) break;
+            if (!busy || st_now_s() - t0 > 5.0) break;
         }
         while (x->peers) {
             xport_peer *p = x->peers;

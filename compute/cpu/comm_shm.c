@@ -29,6 +29,7 @@
  * the ranks still running get the CPUs.
  */
 #define _GNU_SOURCE
+#include "common/clock.h"
 #include "compute/comm.h"
 
 #include <limits.h>
@@ -40,7 +41,6 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <sched.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "compute/cpu/threadpool.h"
@@ -144,12 +144,6 @@ static void shm_barrier_wait(comm_cpu_group *g) {
 }
 
 /* ------------------------------------------------------------- protocol */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Steps 1-3: publish, barrier, check. On a mismatch every rank closes with
  * the second barrier and returns -1 with the same message. */
@@ -287,7 +281,7 @@ static void reduce_bf16(comm_cpu_group *g, size_t lo, size_t hi) {
 static int shm_all_reduce_sum(comm *c, void *buf, size_t count, enum comm_dtype dtype, st_err *err) {
     if (!c) return st_errf(err, "comm all_reduce: NULL comm");
     shm_rank *h = (shm_rank *)c;
-    double t0 = now_s();
+    double t0 = st_now_s();
     shm_slot me = {.kind = OP_ALL_REDUCE, .dtype = (int)dtype, .root = 0, .count = count, .buf = buf};
     if (dtype != COMM_F32 && dtype != COMM_BF16) me.bad = ARG_DTYPE;
     else if (!buf && count) me.bad = ARG_NULL;
@@ -302,7 +296,7 @@ static int shm_all_reduce_sum(comm *c, void *buf, size_t count, enum comm_dtype 
         shm_barrier_wait(g);
         c->stats.all_reduce_calls++;
     }
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += st_now_s() - t0;
     return rc;
 }
 
@@ -310,7 +304,7 @@ static int shm_all_gather(comm *c, const void *send, void *recv, size_t bytes, s
     if (!c) return st_errf(err, "comm all_gather: NULL comm");
     shm_rank *h = (shm_rank *)c;
     comm_cpu_group *g = h->g;
-    double t0 = now_s();
+    double t0 = st_now_s();
     shm_slot me = {.kind = OP_ALL_GATHER, .count = bytes, .buf = recv, .send = send};
     if (bytes && (!send || !recv)) me.bad = ARG_NULL;
     else if (bytes > SIZE_MAX / (size_t)g->n) me.bad = ARG_SIZE;
@@ -324,7 +318,7 @@ static int shm_all_gather(comm *c, const void *send, void *recv, size_t bytes, s
         shm_barrier_wait(g);
         c->stats.all_gather_calls++;
     }
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += st_now_s() - t0;
     return rc;
 }
 
@@ -332,7 +326,7 @@ static int shm_broadcast(comm *c, void *buf, size_t bytes, int root, st_err *err
     if (!c) return st_errf(err, "comm broadcast: NULL comm");
     shm_rank *h = (shm_rank *)c;
     comm_cpu_group *g = h->g;
-    double t0 = now_s();
+    double t0 = st_now_s();
     shm_slot me = {.kind = OP_BROADCAST, .root = root, .count = bytes, .buf = buf};
     if (root < 0 || root >= g->n) me.bad = ARG_ROOT;
     else if (bytes && !buf) me.bad = ARG_NULL;
@@ -343,21 +337,21 @@ static int shm_broadcast(comm *c, void *buf, size_t bytes, int root, st_err *err
         shm_barrier_wait(g);
         c->stats.broadcast_calls++;
     }
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += st_now_s() - t0;
     return rc;
 }
 
 static int shm_barrier(comm *c, st_err *err) {
     if (!c) return st_errf(err, "comm barrier: NULL comm");
     shm_rank *h = (shm_rank *)c;
-    double t0 = now_s();
+    double t0 = st_now_s();
     shm_slot me = {.kind = OP_BARRIER};
     int rc = shm_begin(h, &me, err);
     if (rc == 0) {
         shm_barrier_wait(h->g);
         c->stats.barrier_calls++;
     }
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += st_now_s() - t0;
     return rc;
 }
 

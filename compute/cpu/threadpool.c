@@ -14,9 +14,11 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "common/clock.h"
 
 #define SPIN_NS 60000L        /* poll this long before sleeping */
 #define YIELD_AFTER_NS 15000L /* after this, sched_yield() between polls */
@@ -40,12 +42,6 @@ typedef struct {
     int ith;
 } worker_arg;
 
-static long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
@@ -55,13 +51,13 @@ static inline void cpu_relax(void) {
 /* Polls until pred(pool, arg) holds or the spin budget is spent; returns
  * whether it holds. */
 static int spin_until(st_pool *pool, int (*pred)(st_pool *, unsigned long), unsigned long arg) {
-    long t0 = 0;
+    uint64_t t0 = 0;
     for (unsigned i = 0;; i++) {
         if (pred(pool, arg)) return 1;
         if ((i & 31) == 31) {
-            long t = now_ns();
+            uint64_t t = st_now_ns();
             if (t0 == 0) t0 = t;
-            long el = t - t0;
+            uint64_t el = t - t0;
             if (el > SPIN_NS) return pred(pool, arg);
             if (el > YIELD_AFTER_NS) sched_yield();
         }

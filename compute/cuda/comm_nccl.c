@@ -10,7 +10,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "common/clock.h"
 
 typedef struct {
     comm c; /* first member: a comm* is an nccl_rank* */
@@ -24,12 +25,6 @@ struct comm_nccl_group {
     int n;
     nccl_rank *ranks;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cuda_fail(st_err *err, const char *what, int rank, cudaError_t e) {
     return st_errf(err, "comm nccl %s (rank %d): CUDA: %s", what, rank, cudaGetErrorString(e));
@@ -60,7 +55,7 @@ static int nccl_all_reduce_sum(comm *c, void *buf, size_t count, enum comm_dtype
     if (dtype != COMM_F32 && dtype != COMM_BF16)
         return st_errf(err, "comm nccl all_reduce (rank %d): unknown dtype %d", c->rank, (int)dtype);
     if (!buf && count) return st_errf(err, "comm nccl all_reduce (rank %d): NULL buffer", c->rank);
-    double t0 = now_s();
+    double t0 = st_now_s();
     int rc = use_device(h, "all_reduce", err);
     if (rc == 0)
         rc = finish(h, "all_reduce",
@@ -68,7 +63,7 @@ static int nccl_all_reduce_sum(comm *c, void *buf, size_t count, enum comm_dtype
                                   h->stream),
                     err);
     if (rc == 0) c->stats.all_reduce_calls++;
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += st_now_s() - t0;
     return rc;
 }
 
@@ -76,11 +71,11 @@ static int nccl_all_gather(comm *c, const void *send, void *recv, size_t bytes, 
     if (!c) return st_errf(err, "comm nccl all_gather: NULL comm");
     nccl_rank *h = (nccl_rank *)c;
     if (bytes && (!send || !recv)) return st_errf(err, "comm nccl all_gather (rank %d): NULL buffer", c->rank);
-    double t0 = now_s();
+    double t0 = st_now_s();
     int rc = use_device(h, "all_gather", err);
     if (rc == 0) rc = finish(h, "all_gather", ncclAllGather(send, recv, bytes, ncclUint8, h->nc, h->stream), err);
     if (rc == 0) c->stats.all_gather_calls++;
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += st_now_s() - t0;
     return rc;
 }
 
@@ -90,24 +85,24 @@ static int nccl_broadcast(comm *c, void *buf, size_t bytes, int root, st_err *er
     if (root < 0 || root >= c->size)
         return st_errf(err, "comm nccl broadcast (rank %d): root %d out of range (size %d)", c->rank, root, c->size);
     if (bytes && !buf) return st_errf(err, "comm nccl broadcast (rank %d): NULL buffer", c->rank);
-    double t0 = now_s();
+    double t0 = st_now_s();
     int rc = use_device(h, "broadcast", err);
     if (rc == 0) rc = finish(h, "broadcast", ncclBroadcast(buf, buf, bytes, ncclUint8, root, h->nc, h->stream), err);
     if (rc == 0) c->stats.broadcast_calls++;
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += st_now_s() - t0;
     return rc;
 }
 
 static int nccl_barrier(comm *c, st_err *err) {
     if (!c) return st_errf(err, "comm nccl barrier: NULL comm");
     nccl_rank *h = (nccl_rank *)c;
-    double t0 = now_s();
+    double t0 = st_now_s();
     int rc = use_device(h, "barrier", err);
     if (rc == 0)
         rc = finish(h, "barrier", ncclAllReduce(h->scratch, h->scratch, 1, ncclFloat32, ncclSum, h->nc, h->stream),
                     err);
     if (rc == 0) c->stats.barrier_calls++;
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += st_now_s() - t0;
     return rc;
 }
 
