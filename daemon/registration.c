@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/sha256.h"
 #include "proto/control.pb-c.h"
 #include "rpc/grpc_client.h"
 
@@ -65,27 +65,7 @@ int reg_file_sha256(const char *path, char hex[65], uint64_t *size, st_err *err)
             return 0;
         }
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) return st_errf(err, "%s: %s", path, strerror(errno));
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    unsigned char md[32];
-    unsigned int mdlen = 0;
-    int rc = -1;
-    static const size_t BUF = 1 << 20;
-    unsigned char *buf = malloc(BUF);
-    if (ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1) {
-        size_t n;
-        rc = 0;
-        while ((n = fread(buf, 1, BUF, f)) > 0)
-            if (EVP_DigestUpdate(ctx, buf, n) != 1) rc = -1;
-        if (ferror(f)) rc = -1;
-        if (rc == 0 && EVP_DigestFinal_ex(ctx, md, &mdlen) != 1) rc = -1;
-    }
-    free(buf);
-    EVP_MD_CTX_free(ctx);
-    fclose(f);
-    if (rc != 0 || mdlen != 32) return st_errf(err, "%s: cannot hash the file", path);
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    if (st_file_sha256(path, hex, err)) return -1;
     cf = fopen(cache, "w"); /* best effort: a read-only directory has no cache */
     if (cf) {
         fprintf(cf, "%s %llu %lld\n", hex, (unsigned long long)*size, mt);
