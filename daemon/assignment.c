@@ -502,9 +502,7 @@ void assignment_handle_control(worker *w, xport_peer *peer, const frame_header *
 {
     ctl_msg *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
     if (!m) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "undecodable CONTROL message (%zu bytes)", h->control.len);
-        worker_drop_frame(w, peer, msg);
+        worker_drop_frame(w, peer, "undecodable CONTROL message (%zu bytes)", h->control.len);
         return;
     }
     switch (m->msg_case) {
@@ -516,16 +514,12 @@ void assignment_handle_control(worker *w, xport_peer *peer, const frame_header *
         if (st) send_stats(st, peer, m->stats_request);
         break;
     }
-    default: {
-        char msg[96];
-        snprintf(msg, sizeof msg, "CONTROL message %d is not for a worker", (int)m->msg_case);
-        worker_drop_frame(w, peer, msg);
-        break;
-    }
+    default: worker_drop_frame(w, peer, "CONTROL message %d is not for a worker", (int)m->msg_case); break;
     }
     strata__v1__control_message__free_unpacked(m, NULL);
 }
 
+/* ---------------------------------------------------------------- next hop lost */
 
 void stage_on_disconnect(wstage *w, xport_peer *peer, const char *reason)
 {

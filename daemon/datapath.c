@@ -6,7 +6,6 @@
  * loop, one compute thread") and docs/protocol.md. */
 #include "daemon/datapath.h"
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -174,18 +173,6 @@ size_t datapath_forward_intervals(const wstage *w, uint64_t since_ns, uint64_t *
     return n;
 }
 
-/* A frame we do not accept: log, drop, disconnect its sender. */
-static void unexpected(wstage *w, xport_peer *peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void unexpected(wstage *w, xport_peer *peer, const char *fmt, ...)
-{
-    char msg[300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    worker_drop_frame(w->front, peer, msg);
-}
-
 /* ---------------------------------------------------------------- ACTIVATIONS */
 
 /* Whether a micro-batch of T tokens may run on the loop thread (when the
@@ -203,85 +190,70 @@ static bool run_here(const wstage *w, int64_t T)
     return T <= INLINE_MAX_TOKENS && w->sends_inflight == 0 && w->front->stages == w && !w->link;
 }
 
-void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, const void *payload, size_t bytes)
+/* Whether an ACTIVATIONS frame fits this stage (epoch, stage, token ids or
+ * payload shape and dtype, block ids, history, sampling): 0, or -1 with why. */
+static int check_activations(const wstage *w, const frame_header *h, size_t bytes, st_err *err)
 {
-    if (w->state != W_READY) {
-        unexpected(w, peer, "ACTIVATIONS (batch %llu) while no stage is ready", (unsigned long long)h->batch_id);
-        return;
-    }
-    if (h->epoch != w->cur.epoch) {
-        unexpected(w, peer, "batch %llu has epoch %llu, the assignment is epoch %llu",
-                   (unsigned long long)h->batch_id, (unsigned long long)h->epoch, (unsigned long long)w->cur.epoch);
-        return;
-    }
-    if (h->stage != w->cur.stage) {
-        unexpected(w, peer, "batch %llu is for stage %u, this is stage %u", (unsigned long long)h->batch_id,
-                   h->stage, w->cur.stage);
-        return;
-    }
+    if (w->state != W_READY)
+        return st_errf(err, "ACTIVATIONS (batch %llu) while no stage is ready", (unsigned long long)h->batch_id);
+    if (h->epoch != w->cur.epoch)
+        return st_errf(err, "batch %llu has epoch %llu, the assignment is epoch %llu", (unsigned long long)h->batch_id,
+                       (unsigned long long)h->epoch, (unsigned long long)w->cur.epoch);
+    if (h->stage != w->cur.stage)
+        return st_errf(err, "batch %llu is for stage %u, this is stage %u", (unsigned long long)h->batch_id, h->stage,
+                       w->cur.stage);
     const cjob_stage_info *in = &w->info;
     const int64_t T = frame_total_tokens(h);
     if (in->is_first) {
-        if (bytes) {
-            unexpected(w, peer, "stage 0 takes token ids, not a payload");
-            return;
-        }
-        if ((int64_t)h->n_token_ids != T) {
-            unexpected(w, peer, "stage 0 needs %lld token ids, got %zu", (long long)T, h->n_token_ids);
-            return;
-        }
+        if (bytes) return st_errf(err, "stage 0 takes token ids, not a payload");
+        if ((int64_t)h->n_token_ids != T)
+            return st_errf(err, "stage 0 needs %lld token ids, got %zu", (long long)T, h->n_token_ids);
         for (size_t i = 0; i < h->n_token_ids; i++)
-            if (h->token_ids[i] >= in->n_vocab) {
-                unexpected(w, peer, "token id %d outside the vocabulary [0, %d)", (int)h->token_ids[i], in->n_vocab);
-                return;
-            }
+            if (h->token_ids[i] >= in->n_vocab)
+                return st_errf(err, "token id %d outside the vocabulary [0, %d)", (int)h->token_ids[i], in->n_vocab);
     } else {
-        if (!bytes) {
-            unexpected(w, peer, "stage %u needs a hidden-state payload", w->cur.stage);
-            return;
-        }
-        if (h->shape[1] != (uint32_t)in->n_embd) {
-            unexpected(w, peer, "payload rows of %u, the model's n_embd is %d", h->shape[1], in->n_embd);
-            return;
-        }
-        if ((int)h->dtype != w->cur.act_dtype) {
-            unexpected(w, peer, "payload dtype %s, configured %s", worker_dtype_name(h->dtype),
-                       worker_dtype_name(w->cur.act_dtype));
-            return;
-        }
+        if (!bytes) return st_errf(err, "stage %u needs a hidden-state payload", w->cur.stage);
+        if (h->shape[1] != (uint32_t)in->n_embd)
+            return st_errf(err, "payload rows of %u, the model's n_embd is %d", h->shape[1], in->n_embd);
+        if ((int)h->dtype != w->cur.act_dtype)
+            return st_errf(err, "payload dtype %s, configured %s", worker_dtype_name(h->dtype),
+                           worker_dtype_name(w->cur.act_dtype));
     }
     for (size_t i = 0; i < h->n_seqs; i++) {
         const frame_seq *s = h->seqs[i];
         for (size_t b = 0; b < s->n_block_table; b++)
-            if (s->block_table[b] >= in->kv_blocks) {
-                unexpected(w, peer, "seq %llu: block id %d outside [0, %d)", (unsigned long long)s->seq_id,
-                           (int)s->block_table[b], in->kv_blocks);
-                return;
-            }
+            if (s->block_table[b] >= in->kv_blocks)
+                return st_errf(err, "seq %llu: block id %d outside [0, %d)", (unsigned long long)s->seq_id,
+                               (int)s->block_table[b], in->kv_blocks);
         for (size_t k = 0; k < s->n_history; k++)
-            if (s->history[k] < 0 || s->history[k] >= in->n_vocab) {
-                unexpected(w, peer, "seq %llu: history token %d outside the vocabulary", (unsigned long long)s->seq_id,
-                           (int)s->history[k]);
-                return;
-            }
+            if (s->history[k] < 0 || s->history[k] >= in->n_vocab)
+                return st_errf(err, "seq %llu: history token %d outside the vocabulary", (unsigned long long)s->seq_id,
+                               (int)s->history[k]);
         if (in->is_last && s->wants_logits) {
             sampler_params sp = sampling_from_frame(s->sampling);
-            st_err err;
-            if (sampler_params_validate(&sp, &err)) {
-                unexpected(w, peer, "seq %llu: %s", (unsigned long long)s->seq_id, err.msg);
-                return;
-            }
+            st_err why;
+            if (sampler_params_validate(&sp, &why))
+                return st_errf(err, "seq %llu: %s", (unsigned long long)s->seq_id, why.msg);
             for (size_t k = 0; k < i; k++)
-                if (h->seqs[k]->seq_id == s->seq_id && h->seqs[k]->wants_logits) {
-                    unexpected(w, peer, "seq %llu wants logits twice in one batch", (unsigned long long)s->seq_id);
-                    return;
-                }
+                if (h->seqs[k]->seq_id == s->seq_id && h->seqs[k]->wants_logits)
+                    return st_errf(err, "seq %llu wants logits twice in one batch", (unsigned long long)s->seq_id);
         }
     }
+    return 0;
+}
+
+void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, const void *payload, size_t bytes)
+{
+    st_err err;
+    if (check_activations(w, h, bytes, &err)) {
+        worker_drop_frame(w->front, peer, "%s", err.msg);
+        return;
+    }
+    const cjob_stage_info *in = &w->info;
+    const int64_t T = frame_total_tokens(h);
 
     /* The job: a private copy of the header and the input rows. */
     struct job *j = calloc(1, sizeof *j);
-    st_err err;
     if (!j) goto oom;
     j->gen = w->gen;
     j->w = w;

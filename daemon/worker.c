@@ -7,6 +7,7 @@
 #include "daemon/worker.h"
 
 #include <event2/event.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,10 +45,15 @@ int worker_parse_hostport(const char *s, char *host, size_t host_cap, int *port,
     return 0;
 }
 
-void worker_drop_frame(worker *w, xport_peer *peer, const char *what)
+void worker_drop_frame(worker *w, xport_peer *peer, const char *fmt, ...)
 {
+    char why[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
     w->dropped_frames++;
-    ST_WARN("worker: dropping a frame from %s: %s; disconnecting it", xport_peer_name(peer), what);
+    ST_WARN("worker: dropping a frame from %s: %s; disconnecting it", xport_peer_name(peer), why);
     xport_peer_close(peer);
 }
 
@@ -97,21 +103,15 @@ static void on_frame(xport_peer *peer, const frame_header *h, const void *payloa
         wstage *st = stage_by_epoch(w, h->epoch);
         if (!st) st = w->stages;
         if (!st) {
-            char msg[96];
-            snprintf(msg, sizeof msg, "ACTIVATIONS (batch %llu) while no stage is ready", (unsigned long long)h->batch_id);
-            worker_drop_frame(w, peer, msg);
+            worker_drop_frame(w, peer, "ACTIVATIONS (batch %llu) while no stage is ready",
+                              (unsigned long long)h->batch_id);
             break;
         }
         if (w->track_load) note_load(w, h);
         datapath_activations(st, peer, h, payload, bytes);
         break;
     }
-    default: {
-        char msg[64];
-        snprintf(msg, sizeof msg, "frame kind %d is not for a worker", (int)h->kind);
-        worker_drop_frame(w, peer, msg);
-        break;
-    }
+    default: worker_drop_frame(w, peer, "frame kind %d is not for a worker", (int)h->kind); break;
     }
 }
 

@@ -99,8 +99,9 @@ struct worker {
 };
 
 /* worker.c: a frame we do not accept: counts it, logs "dropping a frame from
- * PEER: WHAT; disconnecting it" and closes the peer. */
-void worker_drop_frame(worker *w, xport_peer *peer, const char *what);
+ * PEER: WHY; disconnecting it" (WHY from fmt, at most 299 bytes) and closes
+ * the peer. */
+void worker_drop_frame(worker *w, xport_peer *peer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* A frame dtype for log lines: "f32", "bf16" or "none". */
 static inline const char *worker_dtype_name(int d)
