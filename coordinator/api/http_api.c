@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "coordinator/api/completions.h"
@@ -73,12 +74,6 @@ static const char *reason_phrase(int status) {
     case 503: return "Service Unavailable";
     default: return status >= 500 ? "Internal Server Error" : "Error";
     }
-}
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void reply_typed(http_api *api, struct evhttp_request *req, int status, const char *ctype,
@@ -156,7 +151,7 @@ static void send_sse(call *c, const char *data) {
 
 /* Answers the request with its final text (or chunk) and frees the call. */
 static void call_finish(call *c, const char *finish) {
-    double now = mono_s();
+    double now = st_now_s();
     ST_REQ_INFO(c->meta.id, "http: finished (%s): %d prompt + %d completion tokens, TTFT %.3f s, %.3f s in all",
                 finish, c->out.n_prompt, c->out.n_ids, c->n_tokens ? c->t_first - c->t0 : -1.0,
                 now - c->t0);
@@ -209,7 +204,7 @@ static void sink_prompt(void *ctx, const int32_t *ids, int n) {
 static void sink_token(void *ctx, int32_t id, const char *piece, size_t len,
                        const coord_logprobs *lp) {
     call *c = ctx;
-    double now = mono_s();
+    double now = st_now_s();
     if (c->n_tokens++ == 0) {
         c->t_first = now;
         coord_metrics_ttft(c->api->metrics, now - c->t0);
@@ -299,7 +294,7 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     }
     c->api = api;
     c->req = req;
-    c->t0 = mono_s();
+    c->t0 = st_now_s();
     snprintf(c->meta.id, sizeof c->meta.id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)api->salt, (unsigned long long)++api->seq);
     compl_limits lim = {api->n_ctx, api->model_name, api->chat_format};

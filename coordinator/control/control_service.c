@@ -7,7 +7,6 @@
 
 #include <event2/event.h>
 #include <inttypes.h>
-#include <openssl/evp.h>
 #include <protobuf-c/protobuf-c.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +14,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "common/utf8.h"
 #include "coordinator/serve/cluster.h"
 #include "coordinator/control/placement.h"
@@ -90,35 +91,7 @@ struct ctl_service {
     double t0, retry_at;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---------------------------------------------------------------- model */
-
-static int file_sha256(const char *path, char hex[65], st_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return st_errf(err, "%s: cannot open", path);
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    unsigned char md[32], *buf = malloc(1 << 20);
-    unsigned int mdlen = 0;
-    int rc = -1;
-    if (ctx && buf && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1) {
-        size_t n;
-        rc = 0;
-        while ((n = fread(buf, 1, 1 << 20, f)) > 0)
-            if (EVP_DigestUpdate(ctx, buf, n) != 1) rc = -1;
-        if (ferror(f) || (rc == 0 && EVP_DigestFinal_ex(ctx, md, &mdlen) != 1)) rc = -1;
-    }
-    free(buf);
-    EVP_MD_CTX_free(ctx);
-    fclose(f);
-    if (rc || mdlen != 32) return st_errf(err, "%s: cannot hash", path);
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
-    return 0;
-}
 
 static int model_info(ctl_service *s, st_err *err) {
     const coord_config *cfg = s->o.cfg;
@@ -156,7 +129,7 @@ static int model_info(ctl_service *s, st_err *err) {
     gguf_close(gf);
     const char *b = strrchr(cfg->model, '/');
     snprintf(s->model_file, sizeof s->model_file, "%s", b ? b + 1 : cfg->model);
-    return file_sha256(cfg->model, s->model_sha, err);
+    return st_file_sha256(cfg->model, s->model_sha, err);
 }
 
 /* ---------------------------------------------------------------- state */
@@ -206,7 +179,7 @@ static void run_free(run *r) {
 }
 
 static void retire(ctl_service *s, run *r, double after_s) {
-    r->retire_at = now_s() + after_s;
+    r->retire_at = st_now_s() + after_s;
     r->next = s->retired;
     s->retired = r;
 }
@@ -357,7 +330,7 @@ static int change_placement(ctl_service *s, placement *pl, int *code, st_err *er
 
 static void tick(evutil_socket_t fd, short what, void *arg) {
     ctl_service *s = arg;
-    double t = now_s();
+    double t = st_now_s();
     registry_tick(&s->reg, t);
     if (s->pend && s->pend->failed) {
         ST_ERROR("control: placement epoch %" PRIu64 " failed to load: %s%s", s->pend->pl.epoch,
@@ -510,7 +483,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     static const char *const live_states[] = {"registered", "ready", "serving", "suspect", "dead", "draining", NULL};
     out->worker_states = live_states;
     bool serving = s->cur && cluster_is_ready(s->cur->cl);
-    double t = now_s();
+    double t = st_now_s();
     out->n_workers = 0;
     for (int i = 0; i < s->reg.n && out->n_workers < COORD_STATS_MAX_STAGES; i++) {
         const reg_node *n = &s->reg.nodes[i];
@@ -591,7 +564,7 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
     st_err err = {{0}};
     uint64_t lease = 0;
     bool known = registry_find(&s->reg, r->node) != NULL;
-    if (registry_register(&s->reg, &in, now_s(), &lease, &err) != 0) {
+    if (registry_register(&s->reg, &in, st_now_s(), &lease, &err) != 0) {
         rpc_call_finish(c, RPC_INVALID_ARGUMENT, err.msg);
         return;
     }
@@ -611,7 +584,7 @@ static void h_heartbeat(rpc_call *c, const rpc_request *req, void *ud) {
     const Strata__V1__HeartbeatRequest *r = (const void *)req->msg;
     reg_load l = {r->running_sequences, r->kv_blocks_used, r->kv_blocks_free, r->busy_fraction, r->bytes_sent};
     Strata__V1__HeartbeatReply out = STRATA__V1__HEARTBEAT_REPLY__INIT;
-    out.reregister = registry_heartbeat(&s->reg, r->node, r->lease_id, &l, now_s()) != 0;
+    out.reregister = registry_heartbeat(&s->reg, r->node, r->lease_id, &l, st_now_s()) != 0;
     out.placement_epoch = s->cur ? s->cur->pl.epoch : 0;
     reply(c, &out.base);
 }
@@ -634,7 +607,7 @@ static void h_status(rpc_call *c, const rpc_request *req, void *ud) {
     int running = 0;
     for (lreq *q = s->reqs; q; q = q->next) running++;
     out.running_sequences = (uint32_t)running;
-    out.uptime_s = now_s() - s->t0;
+    out.uptime_s = st_now_s() - s->t0;
     out.serving = s->cur && cluster_is_ready(s->cur->cl);
     reply(c, &out.base);
 }
@@ -651,7 +624,7 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
         rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    double t = now_s();
+    double t = st_now_s();
     for (int i = 0; i < n; i++) {
         reg_node *rn = &s->reg.nodes[i];
         Strata__V1__NodeInfo *o = &infos[i];
@@ -1091,7 +1064,7 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
     s->o = *o;
     if (!s->o.min_workers) s->o.min_workers = 1;
     if (!(s->o.ready_timeout_s > 0)) s->o.ready_timeout_s = 120;
-    s->t0 = now_s();
+    s->t0 = st_now_s();
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     registry_init(&s->reg, o->heartbeat_ms, o->suspect_missed, o->dead_after_ms,

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "coordinator/serve/sched.h"
 #include "ib/frame.h"
@@ -122,18 +123,6 @@ static void fatal(cluster *c, const char *fmt, ...) {
     va_end(ap);
     ST_ERROR("cluster: %s", msg);
     if (c->on_fatal) c->on_fatal(c->ud, msg);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static void pump_soon(cluster *c) {
@@ -261,7 +250,7 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
             h.n_seqs = (size_t)b->n_seqs;
             h.token_ids = (int32_t *)b->tokens;
             h.n_token_ids = (size_t)b->n_tokens;
-            t_launch = now_ns();
+            t_launch = st_now_ns();
             rc = first->peer ? xport_send(first->peer, &h, NULL, 0, NULL, NULL, NULL, &err) : -1;
         } else {
             st_errf(&err, "out of memory");
@@ -396,7 +385,7 @@ static void on_batch_result(cluster *c, uint64_t batch_id, frame_result **res, s
     int n_ev = 0;
     st_err err = {{0}};
     c->inflight[slot] = NULL;
-    uint64_t t_done = now_ns();
+    uint64_t t_done = st_now_ns();
     c->rtt_sum += (double)(t_done - c->launched_ns[slot]) * 1e-9;
     if (c->bat) {
         c->bat[c->rtt_n % BATCH_KEEP][0] = c->launched_ns[slot];
@@ -549,7 +538,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         }
         l->bytes_sent = s->bytes_sent;
         l->frames_sent = s->frames_sent;
-        l->stats_at = now_s();
+        l->stats_at = st_now_s();
         if (s->worker_name && s->worker_name[0])
             snprintf(l->worker_name, sizeof l->worker_name, "%s", s->worker_name);
         l->have_stats = true;
@@ -825,7 +814,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->running = st.n_running;
     out->kv_blocks_used = (int)st.blocks_used;
     out->kv_blocks_free = (int)st.blocks_free;
-    double now = now_s();
+    double now = st_now_s();
     for (int i = 0; i < c->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
         const stage_link *l = &c->links[i];
         out->stages[i].busy_ratio = l->busy_ratio;
