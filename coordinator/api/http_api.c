@@ -178,21 +178,27 @@ static void call_finish(call *c, const char *finish) {
     call_done(c);
 }
 
-static void call_fail(call *c, const char *message) {
-    ST_REQ_WARN(c->meta.id, "http: failed: %s", message ? message : "unknown error");
-    compl_error e;
-    compl_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
-                    message ? message : "unknown error");
+/* Ends a call with an error: an SSE error event and [DONE] on a stream,
+ * else the error reply. */
+static void call_error(call *c, const compl_error *e) {
     if (c->stream) {
-        char *j = compl_error_json(&e);
+        char *j = compl_error_json(e);
         if (j) send_sse(c, j);
         free(j);
         send_sse(c, "[DONE]");
         evhttp_send_reply_end(c->req);
     } else {
-        reply_error(c->api, c->req, &e);
+        reply_error(c->api, c->req, e);
     }
     call_done(c);
+}
+
+static void call_fail(call *c, const char *message) {
+    ST_REQ_WARN(c->meta.id, "http: failed: %s", message ? message : "unknown error");
+    compl_error e;
+    compl_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                    message ? message : "unknown error");
+    call_error(c, &e);
 }
 
 static void sink_prompt(void *ctx, const int32_t *ids, int n) {
@@ -551,16 +557,7 @@ void http_api_destroy(http_api *api) {
         api->engine->ops->cancel(api->engine->impl, c->engine_id);
         compl_error e;
         compl_error_set(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
-        if (c->stream) {
-            char *j = compl_error_json(&e);
-            if (j) send_sse(c, j);
-            free(j);
-            send_sse(c, "[DONE]");
-            evhttp_send_reply_end(c->req);
-        } else {
-            reply_error(c->api, c->req, &e);
-        }
-        call_done(c);
+        call_error(c, &e);
     }
     if (api->http) evhttp_free(api->http);
     coord_metrics_free(api->metrics);
