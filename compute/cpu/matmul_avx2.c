@@ -69,55 +69,42 @@ AI float reduce16(__m256 lo, __m256 hi) {
 /* Software prefetch distance (see matmul_avx512.c). */
 #define PF_DIST 2048
 
-/* Dense types: NR weight rows × NT token rows (NR * NT <= 3 keeps the
- * accumulators in registers). a[r][t][0..1]: even chunks (lo, hi),
- * a[r][t][2..3]: odd chunks. Tail chunks of 16 (the last may be partial) go
- * to the even accumulators. Two rows at once (decode, NT = 1) give the FMA
- * units two independent chains per lane. out[r * NT + t]. */
+/* Dense types: one row × NT token rows. a[t][0..1]: even chunks (lo, hi),
+ * a[t][2..3]: odd chunks. Tail chunks of 16 (the last may be partial) go to
+ * the even accumulators. */
 #define DEF_DENSE(TY)                                                                          \
-    AI void dot_##TY(const uint8_t *w0, size_t rb, const int NR, const float *x, int64_t K,    \
-                     const int NT, float *out) {                                               \
-        __m256 a[2][3][4];                                                                     \
-        for (int r = 0; r < NR; r++)                                                           \
-            for (int t = 0; t < NT; t++)                                                       \
-                a[r][t][0] = a[r][t][1] = a[r][t][2] = a[r][t][3] = _mm256_setzero_ps();       \
+    AI void dot_##TY(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) { \
+        __m256 a[4][4];                                                                        \
+        for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_ps(); \
         int64_t k = 0;                                                                         \
         for (; k + 32 <= K; k += 32) {                                                         \
-            for (int r = 0; r < NR; r++) {                                                     \
-                const uint8_t *wr = w0 + (size_t)r * rb;                                       \
-                _mm_prefetch((const char *)wr + k * (int64_t)sizeof(TY##_elem) + PF_DIST, _MM_HINT_T0); \
-                __m256 v0 = load_##TY(wr, k), v1 = load_##TY(wr, k + 8);                       \
-                __m256 v2 = load_##TY(wr, k + 16), v3 = load_##TY(wr, k + 24);                 \
-                for (int t = 0; t < NT; t++) {                                                 \
-                    const float *xt = x + t * K + k;                                           \
-                    a[r][t][0] = _mm256_fmadd_ps(v0, _mm256_loadu_ps(xt), a[r][t][0]);         \
-                    a[r][t][1] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xt + 8), a[r][t][1]);     \
-                    a[r][t][2] = _mm256_fmadd_ps(v2, _mm256_loadu_ps(xt + 16), a[r][t][2]);    \
-                    a[r][t][3] = _mm256_fmadd_ps(v3, _mm256_loadu_ps(xt + 24), a[r][t][3]);    \
-                }                                                                              \
+            _mm_prefetch((const char *)wr + k * (int64_t)sizeof(TY##_elem) + PF_DIST, _MM_HINT_T0); \
+            __m256 w0 = load_##TY(wr, k), w1 = load_##TY(wr, k + 8);                           \
+            __m256 w2 = load_##TY(wr, k + 16), w3 = load_##TY(wr, k + 24);                     \
+            for (int t = 0; t < NT; t++) {                                                     \
+                const float *xt = x + t * K + k;                                               \
+                a[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), a[t][0]);                   \
+                a[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), a[t][1]);               \
+                a[t][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xt + 16), a[t][2]);              \
+                a[t][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), a[t][3]);              \
             }                                                                                  \
         }                                                                                      \
         for (; k < K; k += 16) {                                                               \
             int64_t n = K - k;                                                                 \
-            for (int r = 0; r < NR; r++) {                                                     \
-                const uint8_t *wr = w0 + (size_t)r * rb;                                       \
-                __m256 v0 = n >= 8 ? load_##TY(wr, k) : loadn_##TY(wr, k, n);                  \
-                __m256 v1 = n >= 16 ? load_##TY(wr, k + 8)                                     \
-                                    : n > 8 ? loadn_##TY(wr, k + 8, n - 8) : _mm256_setzero_ps(); \
-                for (int t = 0; t < NT; t++) {                                                 \
-                    const float *xt = x + t * K + k;                                           \
-                    __m256 x0 = n >= 8 ? _mm256_loadu_ps(xt) : loadn_x(xt, n);                 \
-                    __m256 x1 = n >= 16 ? _mm256_loadu_ps(xt + 8)                              \
-                                        : n > 8 ? loadn_x(xt + 8, n - 8) : _mm256_setzero_ps(); \
-                    a[r][t][0] = _mm256_fmadd_ps(v0, x0, a[r][t][0]);                          \
-                    a[r][t][1] = _mm256_fmadd_ps(v1, x1, a[r][t][1]);                          \
-                }                                                                              \
+            __m256 w0 = n >= 8 ? load_##TY(wr, k) : loadn_##TY(wr, k, n);                      \
+            __m256 w1 = n >= 16 ? load_##TY(wr, k + 8)                                         \
+                                : n > 8 ? loadn_##TY(wr, k + 8, n - 8) : _mm256_setzero_ps(); \
+            for (int t = 0; t < NT; t++) {                                                     \
+                const float *xt = x + t * K + k;                                               \
+                __m256 x0 = n >= 8 ? _mm256_loadu_ps(xt) : loadn_x(xt, n);                     \
+                __m256 x1 = n >= 16 ? _mm256_loadu_ps(xt + 8)                                  \
+                                    : n > 8 ? loadn_x(xt + 8, n - 8) : _mm256_setzero_ps();   \
+                a[t][0] = _mm256_fmadd_ps(w0, x0, a[t][0]);                                    \
+                a[t][1] = _mm256_fmadd_ps(w1, x1, a[t][1]);                                    \
             }                                                                                  \
         }                                                                                      \
-        for (int r = 0; r < NR; r++)                                                           \
-            for (int t = 0; t < NT; t++)                                                       \
-                out[r * NT + t] = reduce16(_mm256_add_ps(a[r][t][0], a[r][t][2]),              \
-                                           _mm256_add_ps(a[r][t][1], a[r][t][3]));             \
+        for (int t = 0; t < NT; t++)                                                           \
+            out[t] = reduce16(_mm256_add_ps(a[t][0], a[t][2]), _mm256_add_ps(a[t][1], a[t][3])); \
     }
 DEF_DENSE(f32)
 DEF_DENSE(f16)
@@ -137,7 +124,7 @@ AI void q4_unpack(const uint8_t *q, __m256 v[4]) {
 
 /* Canonical Q4_0 order: lane i of a block is fma(q[16+i], x[16+i],
  * q[i] * x[i]), times the scale into lane i's accumulator. */
-AI void dot_q4_0_row(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) {
+AI void dot_q4_0(const uint8_t *wr, const float *x, int64_t K, const int NT, float *out) {
     __m256 lo[4], hi[4];
     for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += QK4_0, wr += 2 + QK4_0 / 2) {
@@ -155,33 +142,21 @@ AI void dot_q4_0_row(const uint8_t *wr, const float *x, int64_t K, const int NT,
     for (int t = 0; t < NT; t++) out[t] = reduce16(lo[t], hi[t]);
 }
 
-/* The dense types' signature (rows one after the other). */
-AI void dot_q4_0(const uint8_t *w0, size_t rb, const int NR, const float *x, int64_t K, const int NT, float *out) {
-    for (int r = 0; r < NR; r++) dot_q4_0_row(w0 + (size_t)r * rb, x, K, NT, out + r * NT);
-}
-
-/* Rows × token chunks of 3; NR and NT are constants in each call so the
- * accumulators stay in registers. One token row (decode): rows in pairs. */
+/* Rows × token chunks of 4; NT is a constant in each call so the
+ * accumulators stay in registers. */
 #define DEF_MATVEC(TY)                                                                          \
     static void mv_##TY(const uint8_t *w, size_t rb, int64_t nrows, const float *x, int64_t T, \
                         int64_t K, float *y, int64_t ldy) {                                     \
         float o[4];                                                                             \
-        int64_t r = 0;                                                                          \
-        if (T == 1)                                                                             \
-            for (; r + 2 <= nrows; r += 2) {                                                    \
-                dot_##TY(w + (size_t)r * rb, rb, 2, x, K, 1, o);                                \
-                y[r] = o[0];                                                                    \
-                y[r + 1] = o[1];                                                                \
-            }                                                                                   \
-        for (; r < nrows; r++) {                                                                \
+        for (int64_t r = 0; r < nrows; r++) {                                                   \
             const uint8_t *wr = w + (size_t)r * rb;                                             \
             for (int64_t t0 = 0; t0 < T; t0 += 3) {                                             \
                 int64_t nt = T - t0 < 3 ? T - t0 : 3;                                           \
                 const float *xt = x + t0 * K;                                                   \
                 switch (nt) {                                                                   \
-                case 3: dot_##TY(wr, rb, 1, xt, K, 3, o); break;                                \
-                case 2: dot_##TY(wr, rb, 1, xt, K, 2, o); break;                                \
-                default: dot_##TY(wr, rb, 1, xt, K, 1, o); break;                               \
+                case 3: dot_##TY(wr, xt, K, 3, o); break;                                       \
+                case 2: dot_##TY(wr, xt, K, 2, o); break;                                       \
+                default: dot_##TY(wr, xt, K, 1, o); break;                                      \
                 }                                                                               \
                 for (int64_t t = 0; t < nt; t++) y[(t0 + t) * ldy + r] = o[t];                  \
             }                                                                                   \
