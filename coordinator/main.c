@@ -73,13 +73,16 @@ static void usage(FILE *f) {
             "  --state FILE        cluster state file (./strata-state.json)\n"
             "  --heartbeat-ms N    worker heartbeat interval (1000)\n"
             "  --dead-after-ms N   no heartbeat this long: the node is dead (10000)\n"
-            "  --min-workers N     first automatic placement once N workers registered (1)\n");
+            "  --min-workers N     first automatic placement once N workers registered (1)\n"
+            "  --recovery-timeout S  after a lost stage, hold requests this long for a new placement\n"
+            "                      (60; overrides [cluster] recovery_timeout; docs/recovery.md)\n");
 }
 
 /* The command line. */
 typedef struct coord_opts {
     const char *config_path, *listen;
     double ready_timeout;
+    double recovery_timeout; /* 0: the config's, else 60 */
     bool live;
     const char *grpc_listen, *state_path;
     long heartbeat_ms, dead_after_ms, min_workers;
@@ -103,6 +106,7 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                                           {"min-workers", required_argument, NULL, 'm'},
                                           {"listen", required_argument, NULL, 'l'},
                                           {"ready-timeout", required_argument, NULL, 't'},
+                                          {"recovery-timeout", required_argument, NULL, 'R'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int c;
@@ -115,6 +119,16 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
             o->ready_timeout = strtod(optarg, &end);
             if (*end || !(o->ready_timeout > 0)) {
                 fprintf(stderr, "strata-coordinator: --ready-timeout: not a positive number: %s\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'R': {
+            char *end;
+            o->recovery_timeout = strtod(optarg, &end);
+            if (*end || !(o->recovery_timeout > 0)) {
+                fprintf(stderr, "strata-coordinator: --recovery-timeout: not a positive number: %s\n",
                         optarg);
                 return 2;
             }
@@ -199,7 +213,9 @@ static int start_engine(struct event_base *base, const coord_opts *o, coord_conf
                        .suspect_missed = 3,
                        .dead_after_ms = (uint32_t)o->dead_after_ms,
                        .min_workers = (int)o->min_workers,
-                       .ready_timeout_s = o->ready_timeout};
+                       .ready_timeout_s = o->ready_timeout,
+                       .recovery_timeout_s = o->recovery_timeout > 0 ? o->recovery_timeout
+                                                                     : cfg->recovery_timeout_s};
         own->ctl = ctl_create(base, &lo, err);
         if (!own->ctl) {
             fprintf(stderr, "strata-coordinator: %s\n", err->msg);

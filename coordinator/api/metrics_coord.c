@@ -14,6 +14,8 @@ struct coord_metrics {
     metrics_family *requests;
     metrics_series *ttft, *tpot, *prompt, *generated;
     metrics_series *queue, *running, *kv_used, *kv_free;
+    metrics_series *recoveries, *resumed, *recomputed; /* live mode's recovery counters */
+    uint64_t last_recoveries, last_resumed, last_recomputed;
     metrics_family *busy, *bytes, *frames, *wstate, *wage;
     /* Counters from the workers: Prometheus counters only go up, so the
      * exported value follows the largest seen (a restarted worker resets). */
@@ -33,6 +35,18 @@ static void collect(metrics_registry *r, void *ud) {
     metrics_gauge_set(m->running, st->running);
     metrics_gauge_set(m->kv_used, st->kv_blocks_used);
     metrics_gauge_set(m->kv_free, st->kv_blocks_free);
+    if (st->recoveries > m->last_recoveries) {
+        metrics_counter_add(m->recoveries, (double)(st->recoveries - m->last_recoveries));
+        m->last_recoveries = st->recoveries;
+    }
+    if (st->sequences_resumed > m->last_resumed) {
+        metrics_counter_add(m->resumed, (double)(st->sequences_resumed - m->last_resumed));
+        m->last_resumed = st->sequences_resumed;
+    }
+    if (st->tokens_recomputed > m->last_recomputed) {
+        metrics_counter_add(m->recomputed, (double)(st->tokens_recomputed - m->last_recomputed));
+        m->last_recomputed = st->tokens_recomputed;
+    }
     for (int i = 0; i < st->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
         char idx[16];
         snprintf(idx, sizeof idx, "%d", i);
@@ -111,6 +125,17 @@ coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
         m->kv_used);
     ONE(metrics_gauge(m->reg, "strata_kv_blocks_free", "KV cache blocks free.", NULL, err),
         m->kv_free);
+    ONE(metrics_counter(m->reg, "strata_recoveries_total",
+                        "Stage losses the live coordinator recovered from (or is recovering from).",
+                        NULL, err),
+        m->recoveries);
+    ONE(metrics_counter(m->reg, "strata_sequences_resumed_total",
+                        "Requests resumed on a new placement after a stage loss.", NULL, err),
+        m->resumed);
+    ONE(metrics_counter(m->reg, "strata_tokens_recomputed_total",
+                        "Prompt and generated tokens re-prefilled to resume requests after a stage loss.",
+                        NULL, err),
+        m->recomputed);
 #undef ONE
     if (!(m->busy = metrics_gauge(m->reg, "strata_stage_busy_ratio",
                                   "Fraction (0..1) of the last interval the stage computed.",

@@ -189,6 +189,8 @@ static int cluster_key(parser *p, const char *k, const char *v) {
         return parse_int(p, "cluster", k, v, 1, 1 << 20, &c->max_batch_tokens);
     if (!strcmp(k, "max_inflight"))
         return parse_int(p, "cluster", k, v, 0, 1 << 10, &c->max_inflight);
+    if (!strcmp(k, "recovery_timeout"))
+        return parse_int(p, "cluster", k, v, 1, 86400, &c->recovery_timeout_s);
     if (!strcmp(k, "max_body_bytes")) {
         int bytes = 0; /* up to 1 GiB */
         if (!parse_int(p, "cluster", k, v, 1024, 1 << 30, &bytes)) return 0;

@@ -31,6 +31,14 @@
 #define RETIRE_AFTER_S 1.0   /* an old cluster lives on this long after StageRelease */
 #define SWITCH_POLL_US 2000  /* waiting for the old epoch's in-flight batches */
 #define RETRY_START_S 2.0
+#define RECOVERY_TIMEOUT_S 60.0 /* default ctl_opts.recovery_timeout_s */
+
+/* A node whose stage was lost: left out of recovery placements while it
+ * holds the same lease (registering again gives it a new one). */
+typedef struct lost_node {
+    char name[REG_NAME_MAX];
+    uint64_t lease;
+} lost_node;
 
 /* One placement epoch being loaded or served: its cluster and its config. */
 typedef struct run {
@@ -54,6 +62,7 @@ typedef struct lreq {
     uint64_t cid;            /* the id in r->cl */
     coord_sink sink;
     void *ctx;
+    char request_id[48];     /* coord_request.request_id (the logs' req=), for recovery's log lines */
 } lreq;
 
 /* An open Generate stream. */
@@ -89,6 +98,16 @@ struct ctl_service {
     rpc_loop *loop;
     struct event *tick_ev, *switch_ev;
     double t0, retry_at;
+    /* Recovery (docs/recovery.md): `lost` is the serving run that lost a
+     * stage; it holds its requests until a new placement serves them. */
+    run *lost;
+    double lost_at;
+    bool recovery_expired;   /* recovery_timeout passed: the held requests failed */
+    bool recovery_stuck_logged;
+    char lost_msg[ST_ERR_MSG_MAX];
+    lost_node excl[PLACE_NODE_MAX];
+    int n_excl;
+    uint64_t recoveries, seqs_resumed, tokens_recomputed;
 };
 
 /* ---------------------------------------------------------------- model */
@@ -186,6 +205,7 @@ static void retire(ctl_service *s, run *r, double after_s) {
 
 static void run_on_ready(void *ud);
 static void run_on_fatal(void *ud, const char *msg);
+static void run_on_lost(void *ud, int stage, const char *msg);
 static bool in_placement(const run *r, const char *node);
 
 /* Starts loading placement pl (its epoch set) as a new cluster. */
@@ -228,7 +248,8 @@ static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
                        .on_ready = run_on_ready,
                        .ud = r,
                        .epoch = pl->epoch,
-                       .keep_loaded = true};
+                       .keep_loaded = true,
+                       .on_lost = run_on_lost};
     r->cl = cluster_create(s->base, &co, err);
     if (!r->cl) {
         run_free(r);
@@ -256,6 +277,27 @@ static void on_moved(void *ud, uint64_t old_id, uint64_t new_id) {
         }
 }
 
+/* The ids of the requests run r holds (their request_id, the logs' req=,
+ * else the engine's number), "cmpl-…01, cmpl-…02" (at most about cap bytes,
+ * then "..."), into buf; their count. */
+static int held_ids(const ctl_service *s, const run *r, char *buf, size_t cap) {
+    size_t off = 0;
+    int n = 0;
+    buf[0] = 0;
+    for (const lreq *q = s->reqs; q; q = q->next) {
+        if (q->r != r) continue;
+        if (off + 64 < cap && q->request_id[0])
+            off += (size_t)snprintf(buf + off, cap - off, "%s%s", n ? ", " : "", q->request_id);
+        else if (off + 64 < cap)
+            off += (size_t)snprintf(buf + off, cap - off, "%s#%" PRIu64, n ? ", " : "", q->id);
+        else if (off + 5 < cap && !strstr(buf, "..."))
+            off += (size_t)snprintf(buf + off, cap - off, ", ...");
+        n++;
+    }
+    if (!n) snprintf(buf, cap, "none");
+    return n;
+}
+
 /* The old epoch has no batch in flight any more: move its sequences over. */
 static void try_finish_switch(evutil_socket_t fd, short what, void *arg) {
     ctl_service *s = arg;
@@ -266,7 +308,23 @@ static void try_finish_switch(evutil_socket_t fd, short what, void *arg) {
         evtimer_add(s->switch_ev, &tv);
         return;
     }
+    bool recovery = from == s->lost;
+    char ids[1024];
+    int64_t tokens = 0;
+    if (recovery) {
+        held_ids(s, from, ids, sizeof ids);
+        cluster_request_ids(from->cl, NULL, 0, &tokens);
+    }
     int n = cluster_move_requests(from->cl, s->cur->cl, on_moved, s);
+    if (recovery) {
+        s->seqs_resumed += (uint64_t)n;
+        s->tokens_recomputed += (uint64_t)tokens;
+        ST_INFO("control: recovery: epoch %" PRIu64 " serves %.2f s after the loss in epoch %" PRIu64
+                "; resumed %d request(s) [%s] by re-prefilling %" PRId64 " token(s)",
+                s->cur->pl.epoch, st_now_s() - s->lost_at, from->pl.epoch, n, ids, tokens);
+        s->lost = NULL;
+        s->n_excl = 0;
+    }
     cluster_release_workers(from->cl);
     ST_INFO("control: switched from epoch %" PRIu64 " to %" PRIu64 "; %d running sequence(s) moved "
             "(re-prefilled on the new stages)",
@@ -298,6 +356,94 @@ static void run_on_ready(void *ud) {
     s->cur = r;
     save_state(s);
     try_finish_switch(-1, 0, s);
+}
+
+/* A stage of a ready run was lost (its cluster holds the requests). */
+static void run_on_lost(void *ud, int stage, const char *msg) {
+    run *r = ud;
+    ctl_service *s = r->s;
+    if (r != s->cur && r != s->from) return; /* retired: nothing depends on it */
+    const char *node = stage >= 0 && stage < r->pl.n_stages ? r->pl.st[stage].node : "?";
+    const reg_node *rn = registry_find(&s->reg, node);
+    if (s->n_excl < PLACE_NODE_MAX) {
+        snprintf(s->excl[s->n_excl].name, sizeof s->excl[s->n_excl].name, "%s", node);
+        s->excl[s->n_excl].lease = rn ? rn->lease : 0;
+        s->n_excl++;
+    }
+    char ids[1024];
+    int n = held_ids(s, r, ids, sizeof ids);
+    if (r != s->cur) {
+        ST_WARN("control: recovery: epoch %" PRIu64 " (being switched away from) lost stage %d on %s: %s; "
+                "its %d request(s) [%s] move to epoch %" PRIu64,
+                r->pl.epoch, stage, node, msg, n, ids, s->cur->pl.epoch);
+        return;
+    }
+    if (!s->lost) {
+        s->lost = r;
+        s->lost_at = st_now_s();
+        s->recovery_expired = false;
+        s->recovery_stuck_logged = false;
+        s->recoveries++;
+        s->retry_at = 0;
+    }
+    snprintf(s->lost_msg, sizeof s->lost_msg, "%s", msg);
+    ST_ERROR("control: recovery: epoch %" PRIu64 " lost stage %d on node %s: %s; holding %d request(s) [%s] "
+             "for up to %.0f s while it is re-placed",
+             r->pl.epoch, stage, node, msg, n, ids, s->o.recovery_timeout_s);
+    event_active(s->tick_ev, 0, 0);
+}
+
+static bool excluded(ctl_service *s, const char *name) {
+    for (int i = 0; i < s->n_excl; i++) {
+        if (strcmp(s->excl[i].name, name)) continue;
+        const reg_node *n = registry_find(&s->reg, name);
+        if (n && n->lease == s->excl[i].lease) return true;
+    }
+    return false;
+}
+
+static int change_placement(ctl_service *s, placement *pl, int *code, st_err *err);
+
+/* Recovery, from the tick: the held requests fail after recovery_timeout;
+ * meanwhile (and after) an automatic placement over the usable nodes, less
+ * the lost ones, is loaded as soon as there is one. */
+static void recovery_tick(ctl_service *s, double t) {
+    char ids[1024];
+    if (!s->recovery_expired && t - s->lost_at >= s->o.recovery_timeout_s) {
+        s->recovery_expired = true;
+        int n = held_ids(s, s->lost, ids, sizeof ids);
+        char msg[ST_ERR_MSG_MAX + 128];
+        snprintf(msg, sizeof msg, "the cluster could not recover within %.0f s (recovery_timeout) from: %s",
+                 s->o.recovery_timeout_s, s->lost_msg);
+        ST_ERROR("control: recovery: no placement serves %.0f s after the loss; failing %d request(s) [%s]; "
+                 "new requests get 503 until one does",
+                 s->o.recovery_timeout_s, n, ids);
+        cluster_fail_requests(s->lost->cl, msg);
+    }
+    if (s->pend || s->from || t < s->retry_at) return;
+    place_node all[PLACE_NODE_MAX], nodes[PLACE_NODE_MAX];
+    int n_all = usable_nodes(s, all, NULL), n = 0;
+    for (int i = 0; i < n_all; i++)
+        if (!excluded(s, all[i].name)) nodes[n++] = all[i];
+    placement pl;
+    int code = 0;
+    st_err err = {{0}};
+    if (n == 0) st_errf(&err, "no usable node is left");
+    if (n == 0 || place_auto(&s->pm, nodes, n, &pl, &code, &err) != 0) {
+        if (!s->recovery_stuck_logged)
+            ST_ERROR("control: recovery: cannot re-place yet (%s); waiting for capacity%s", err.msg,
+                     s->recovery_expired ? "" : " (requests are held until recovery_timeout)");
+        s->recovery_stuck_logged = true;
+        return;
+    }
+    if (change_placement(s, &pl, &code, &err) != 0) {
+        ST_ERROR("control: recovery: %s", err.msg);
+        s->retry_at = t + RETRY_START_S;
+        return;
+    }
+    held_ids(s, s->lost, ids, sizeof ids);
+    ST_INFO("control: recovery: re-placing over %d node(s) as epoch %" PRIu64 "; requests [%s] resume when it serves",
+            n, pl.epoch, ids);
 }
 
 static void run_on_fatal(void *ud, const char *msg) {
@@ -334,11 +480,13 @@ static void tick(evutil_socket_t fd, short what, void *arg) {
     registry_tick(&s->reg, t);
     if (s->pend && s->pend->failed) {
         ST_ERROR("control: placement epoch %" PRIu64 " failed to load: %s%s", s->pend->pl.epoch,
-                 s->pend->fail_msg, s->cur ? "; the current placement keeps serving" : "; retrying");
+                 s->pend->fail_msg,
+                 s->lost ? "; recovery tries again" : s->cur ? "; the current placement keeps serving" : "; retrying");
         retire(s, s->pend, 0);
         s->pend = NULL;
         s->retry_at = t + RETRY_START_S;
     }
+    if (s->lost) recovery_tick(s, t);
     for (run **pp = &s->retired; *pp;) {
         run *r = *pp;
         if (t >= r->retire_at) {
@@ -418,7 +566,9 @@ static const coord_sink lr_sink = {lr_on_prompt, lr_on_token, lr_on_finish};
 static int eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                       uint64_t *id_out, st_err *err) {
     ctl_service *s = impl;
-    if (!s->cur || !cluster_is_ready(s->cur->cl)) {
+    /* While recovering (docs/recovery.md), new requests are held with the others. */
+    bool hold = s->lost && s->lost == s->cur && !s->recovery_expired;
+    if (!hold && (!s->cur || !cluster_is_ready(s->cur->cl))) {
         int ready = 0;
         for (int i = 0; i < s->reg.n; i++) ready += registry_usable(&s->reg.nodes[i]);
         return st_errf(err, "no placement is serving yet (%d usable node(s) registered%s)", ready,
@@ -430,6 +580,7 @@ static int eng_submit(void *impl, const coord_request *req, const coord_sink *si
     q->s = s;
     q->sink = *sink;
     q->ctx = ctx;
+    snprintf(q->request_id, sizeof q->request_id, "%s", req->request_id);
     q->r = s->cur;
     coord_engine e = cluster_engine(s->cur->cl);
     int rc = e.ops->submit(e.impl, req, &lr_sink, q, &q->cid, err);
@@ -460,6 +611,11 @@ static void eng_cancel(void *impl, uint64_t id) {
 static int eng_health(void *impl, st_err *err) {
     ctl_service *s = impl;
     if (!s->cur) return st_errf(err, "no placement is serving yet%s", s->pend ? " (loading)" : "");
+    if (s->lost && s->lost == s->cur)
+        return st_errf(err, "recovering from: %s (%s)", s->lost_msg,
+                       s->recovery_expired ? "no capacity; waiting for a usable node"
+                       : s->pend          ? "a new placement is loading"
+                                          : "waiting for capacity");
     coord_engine e = cluster_engine(s->cur->cl);
     return e.ops->health(e.impl, err);
 }
@@ -482,6 +638,9 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
      * for a ready node that holds a stage of the serving placement. */
     static const char *const live_states[] = {"registered", "ready", "serving", "suspect", "dead", "draining", NULL};
     out->worker_states = live_states;
+    out->recoveries = s->recoveries;
+    out->sequences_resumed = s->seqs_resumed;
+    out->tokens_recomputed = s->tokens_recomputed;
     bool serving = s->cur && cluster_is_ready(s->cur->cl);
     double t = st_now_s();
     out->n_workers = 0;
@@ -1064,6 +1223,7 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
     s->o = *o;
     if (!s->o.min_workers) s->o.min_workers = 1;
     if (!(s->o.ready_timeout_s > 0)) s->o.ready_timeout_s = 120;
+    if (!(s->o.recovery_timeout_s > 0)) s->o.recovery_timeout_s = RECOVERY_TIMEOUT_S;
     s->t0 = st_now_s();
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -15,6 +15,14 @@
  * and the state file is written. A new placement that fails to load is
  * dropped; the old one keeps serving.
  *
+ * Recovery (docs/recovery.md): when a stage of the serving placement is lost
+ * (its worker's transport connection drops), the serving cluster holds every
+ * request (cluster.h, hold mode; new ones too), the lost node is left out
+ * (until it registers again), and an automatic placement over the other
+ * usable nodes is loaded as above; when it serves, the held requests move to
+ * it (re-prefill). With no placement possible, the requests fail after
+ * recovery_timeout_s; serving resumes whenever a placement becomes possible.
+ *
  * Start-up: with a state file holding a placement, the coordinator waits for
  * that placement's nodes to register and serves it under the same epoch;
  * without one, it places automatically once min_workers usable nodes have
@@ -45,6 +53,7 @@ typedef struct ctl_opts {
     uint32_t dead_after_ms;     /* default 10000 */
     int min_workers;            /* auto placement at start (no saved placement); default 1 */
     double ready_timeout_s;     /* a new placement's stages must be ready within this; default 120 */
+    double recovery_timeout_s;  /* requests held after a lost stage at most this long; default 60 */
 } ctl_opts;
 
 /* Reads the model (layer sizes, sha256), restores the state file, starts the

@@ -23,6 +23,8 @@
 #define STATS_PERIOD_S 0.1
 #define FWD_KEEP 1024 /* forward intervals kept per stage for GET /v1/stages */
 #define BATCH_KEEP 1024 /* micro-batch round trips kept for GET /v1/stages */
+#define RETRY_PAUSE_S 0.3 /* hold mode: no launches this long after a BatchError */
+#define MAX_BATCH_FAILURES 3 /* hold mode: failed batches in a row that end a sequence */
 
 typedef Strata__V1__ControlMessage ctl_msg;
 
@@ -71,6 +73,7 @@ typedef struct creq {
     int n_gen, cap_gen;
     uint64_t seed;
     bool prompt_sent;
+    int n_failed; /* hold mode: its batches that failed in a row (BatchError) */
     bool in_cb;   /* a sink callback of this request is running */
     bool dead;    /* cancelled from inside a callback: free after it returns */
 } creq;
@@ -90,7 +93,10 @@ struct cluster {
     struct event *retry_ev, *deadline_ev, *pump_ev, *stats_ev;
     void (*on_fatal)(void *, const char *);
     void (*on_ready)(void *);
+    void (*on_lost)(void *, int, const char *); /* hold mode (cluster.h) */
     void *ud;
+    struct event *resume_ev; /* hold mode: the pause after a BatchError ends */
+    bool retry_pause;        /* hold mode: no launches until resume_ev */
     bool ready, failed, lost;
     char lost_msg[ST_ERR_MSG_MAX];
     kv_alloc *kv;
@@ -126,7 +132,8 @@ static void fatal(cluster *c, const char *fmt, ...) {
 }
 
 static void pump_soon(cluster *c) {
-    if (c->pump_ev && c->ready && !c->lost && !c->paused) event_active(c->pump_ev, 0, 0);
+    if (c->pump_ev && c->ready && !c->lost && !c->paused && !c->retry_pause)
+        event_active(c->pump_ev, 0, 0);
 }
 
 static int send_control(cluster *c, stage_link *l, const ctl_msg *m) {
@@ -198,7 +205,7 @@ static bool penalties_on(const coord_request *q) {
 
 static void pump(evutil_socket_t fd, short what, void *arg) {
     cluster *c = arg;
-    if (!c->ready || c->lost || !c->s || c->paused) return;
+    if (!c->ready || c->lost || !c->s || c->paused || c->retry_pause) return;
     stage_link *first = &c->links[0];
     const sched_batch *b;
     while ((b = sched_next_microbatch(c->s)) != NULL) {
@@ -299,6 +306,7 @@ static void deliver(cluster *c, creq *r, const sched_event *ev, const frame_resu
         r->cap_gen = cap;
     }
     r->gen[r->n_gen++] = ev->token;
+    r->n_failed = 0;
     r->in_cb = true;
     if (!r->prompt_sent) {
         r->prompt_sent = true;
@@ -342,6 +350,42 @@ static void deliver(cluster *c, creq *r, const sched_event *ev, const frame_resu
 dead:
     /* cancel() ran inside the callback: the scheduler already dropped it. */
     creq_free(r);
+}
+
+static void on_resume(evutil_socket_t fd, short what, void *arg) {
+    cluster *c = arg;
+    c->retry_pause = false;
+    pump_soon(c);
+}
+
+/* Hold mode: batch_id failed at a stage (fail). Its sequences go back to
+ * their positions; after RETRY_PAUSE_S they are sent again, unless a stage is
+ * lost meanwhile (the usual cause: the next hop of the stage that reported
+ * died) or they failed MAX_BATCH_FAILURES times in a row. */
+static void hold_failed_batch(cluster *c, uint64_t batch_id, const char *fail) {
+    int slot = -1;
+    for (int i = 0; i < c->max_inflight; i++)
+        if (c->inflight[i] && c->inflight[i]->id == batch_id) slot = i;
+    if (slot < 0) return; /* aborted already (a stage was lost) */
+    const sched_batch *b = c->inflight[slot];
+    int n = b->n_seqs;
+    uint64_t *ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+    for (int i = 0; ids && i < n; i++) ids[i] = b->seqs[i].seq_id;
+    st_err err = {{0}};
+    sched_abort_batch(c->s, batch_id, &err);
+    c->inflight[slot] = NULL;
+    for (int i = 0; ids && i < n; i++) {
+        creq *r = creq_find(c, ids[i]);
+        if (!r || ++r->n_failed < MAX_BATCH_FAILURES) continue;
+        sched_cancel(c->s, r->id);
+        creq_finish(c, r, COORD_FINISH_ERROR, fail);
+    }
+    free(ids);
+    ST_WARN("cluster: batch %llu failed (%s); its sequences are sent again in %.1f s",
+            (unsigned long long)batch_id, fail, RETRY_PAUSE_S);
+    c->retry_pause = true;
+    struct timeval tv = {0, (int)(RETRY_PAUSE_S * 1e6)};
+    event_add(c->resume_ev, &tv);
 }
 
 /* Results of batch_id: res[n_res] (TOKENS), none (BatchDone), or fail
@@ -567,7 +611,11 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         snprintf(msg, sizeof msg, "stage %u failed the batch: %s", m->batch_error->stage,
                  m->batch_error->error ? m->batch_error->error : "");
         ST_WARN("cluster: batch %llu: %s", (unsigned long long)m->batch_error->batch_id, msg);
-        if (m->batch_error->epoch == c->epoch)
+        if (m->batch_error->epoch != c->epoch || c->lost)
+            break;
+        if (c->on_lost && c->s)
+            hold_failed_batch(c, m->batch_error->batch_id, msg);
+        else
             on_batch_result(c, m->batch_error->batch_id, NULL, 0, msg);
         break;
     }
@@ -598,7 +646,11 @@ static void x_on_disconnect(xport_peer *peer, const char *reason, void *ud) {
         c->lost = true;
         snprintf(c->lost_msg, sizeof c->lost_msg, "stage %d at %s:%d was lost (%s)", l->index,
                  l->host, l->port, reason ? reason : "?");
-        ST_ERROR("cluster: %s; serving stops (restart the coordinator)", c->lost_msg);
+        if (c->on_lost)
+            ST_ERROR("cluster: %s (epoch %d); %d request(s) held for recovery", c->lost_msg,
+                     (int)c->epoch, cluster_n_requests(c));
+        else
+            ST_ERROR("cluster: %s; serving stops (restart the coordinator)", c->lost_msg);
         l->state = LINK_LOST;
         for (int i = 0; i < c->max_inflight; i++) {
             if (!c->inflight[i]) continue;
@@ -606,7 +658,10 @@ static void x_on_disconnect(xport_peer *peer, const char *reason, void *ud) {
             sched_abort_batch(c->s, c->inflight[i]->id, &err);
             c->inflight[i] = NULL;
         }
-        fail_all(c, c->lost_msg);
+        if (c->on_lost)
+            c->on_lost(c->ud, l->index, c->lost_msg);
+        else
+            fail_all(c, c->lost_msg);
         return;
     }
     if (c->failed || c->ready) return;
@@ -690,7 +745,7 @@ static void on_stats_timer(evutil_socket_t fd, short what, void *arg) {
 static int eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                       uint64_t *id_out, st_err *err) {
     cluster *c = impl;
-    if (c->lost) return st_errf(err, "%s", c->lost_msg), COORD_EUNAVAIL;
+    if (c->lost && !c->on_lost) return st_errf(err, "%s", c->lost_msg), COORD_EUNAVAIL;
     if (!c->ready) return st_errf(err, "the cluster is not ready (stages are loading)"), COORD_EUNAVAIL;
     if (!req->prompt || req->n_prompt < 1) return st_errf(err, "the prompt has no tokens"), COORD_EINVAL;
     creq *r = calloc(1, sizeof *r);
@@ -853,6 +908,7 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
     c->n_stages = o->cfg->n_stages;
     c->on_fatal = o->on_fatal;
     c->on_ready = o->on_ready;
+    c->on_lost = o->on_lost;
     c->epoch = o->epoch ? o->epoch : 1;
     c->keep_loaded = o->keep_loaded;
     c->ud = o->ud;
@@ -883,7 +939,8 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
     c->deadline_ev = evtimer_new(base, on_deadline, c);
     c->pump_ev = event_new(base, -1, 0, pump, c);
     c->stats_ev = evtimer_new(base, on_stats_timer, c);
-    if (!c->retry_ev || !c->deadline_ev || !c->pump_ev || !c->stats_ev) {
+    c->resume_ev = evtimer_new(base, on_resume, c);
+    if (!c->retry_ev || !c->deadline_ev || !c->pump_ev || !c->stats_ev || !c->resume_ev) {
         st_errf(err, "cluster: cannot create events");
         goto fail;
     }
@@ -911,6 +968,7 @@ void cluster_destroy(cluster *c) {
     if (c->deadline_ev) event_free(c->deadline_ev);
     if (c->pump_ev) event_free(c->pump_ev);
     if (c->stats_ev) event_free(c->stats_ev);
+    if (c->resume_ev) event_free(c->resume_ev);
     sched_destroy(c->s);
     kv_alloc_free(c->kv);
     free(c->inflight);
@@ -1001,3 +1059,21 @@ int cluster_move_requests(cluster *from, cluster *to,
     pump_soon(to);
     return moved;
 }
+
+/* ---- recovery (hold mode) ------------------------------------------------- */
+
+bool cluster_is_lost(const cluster *c) { return c->lost; }
+
+int cluster_request_ids(const cluster *c, uint64_t *ids, int cap, int64_t *tokens) {
+    int n = 0;
+    int64_t t = 0;
+    for (const creq *r = c->reqs; r; r = r->next) {
+        if (n < cap && ids) ids[n] = r->id;
+        n++;
+        t += r->n_prompt + r->n_gen;
+    }
+    if (tokens) *tokens = t;
+    return n;
+}
+
+void cluster_fail_requests(cluster *c, const char *message) { fail_all(c, message); }

@@ -27,6 +27,17 @@
  * lost (then /health answers 503 and new requests 503 until restart; the
  * recovery of a placement is the control plane's business).
  *
+ * Hold mode (cluster_opts.on_lost set; the live control plane,
+ * docs/recovery.md): a lost stage fails no request. The batches in flight
+ * are aborted (their sequences keep their positions), on_lost(ud, stage,
+ * message) is called once, and every request stays held in the cluster,
+ * new ones too (submit accepts them while lost), until the caller moves them
+ * to a new placement (cluster_move_requests) or gives up
+ * (cluster_fail_requests). A BatchError does not end its sequences either:
+ * the batch is aborted, nothing is launched for RETRY_PAUSE (a stage loss
+ * usually follows), and the sequences are sent again; a sequence whose
+ * batches failed MAX_BATCH_FAILURES times in a row ends with ERROR.
+ *
  * Sampling: temperature, top_p, top_k, min_p, seed (a per-request seed from
  * a counter when the request has none), presence and frequency penalties
  * (OpenAI semantics: over the generated tokens, which then travel as the
@@ -81,6 +92,10 @@ typedef struct cluster_opts {
     void *ud;
     uint64_t epoch;            /* placement epoch carried by every frame; 0 = 1 */
     bool keep_loaded;          /* StageAssign.keep_loaded: workers load beside older epochs */
+    /* Hold mode (above): called once (from the loop, inside a transport
+     * callback: do not destroy the cluster there) when a stage of the ready
+     * cluster is lost. NULL: the requests fail (the static coordinator). */
+    void (*on_lost)(void *ud, int stage, const char *message);
 } cluster_opts;
 
 /* Creates the transport and starts connecting. NULL + err when the
@@ -114,5 +129,14 @@ bool cluster_stage_ready(const cluster *c, int i);
 int cluster_move_requests(cluster *from, cluster *to,
                           void (*on_moved)(void *ud, uint64_t old_id, uint64_t new_id), void *ud);
 void cluster_release_workers(cluster *c);
+
+/* ---- recovery (hold mode, docs/recovery.md) ---- */
+/* A stage was lost (serving stopped for good in this cluster). */
+bool cluster_is_lost(const cluster *c);
+/* The requests held: their ids (up to cap into ids; the count is returned)
+ * and the tokens a move would re-prefill (prompt + generated, summed). */
+int cluster_request_ids(const cluster *c, uint64_t *ids, int cap, int64_t *tokens);
+/* Every request ends with ERROR and `message`. */
+void cluster_fail_requests(cluster *c, const char *message);
 
 #endif

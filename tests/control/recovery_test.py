@@ -1,0 +1,404 @@
+#!/usr/bin/python3
+"""recovery_test.py — issue 12's recovery in live mode (docs/recovery.md), with
+real processes: a strata-coordinator --live and strata-worker processes on
+loopback that register over gRPC, 6 concurrent greedy HTTP SSE streams of 200
+tokens (temperature 0, ignore_eos) on stories260K, and a SIGKILL of the worker
+that holds stage 1 once every stream has some 20 tokens. Every stream must end
+with [DONE], no error event, and the very tokens of a run of the same prompts
+with no failure (run first, on the same cluster; its first 64 tokens equal
+../shared/reference/stories260K-greedy.json). Every process is started and
+always stopped by the test, by pid; every wait is bounded; no timing is
+asserted (ASan, ctest -j2 on 2 cores).
+
+  recovery_test.py MODE --coordinator BIN --worker BIN --proto control.proto
+                   --shared DIR --workdir DIR
+
+MODE
+  spare        workers w-a, w-b serve (PP 2); w-c registers afterwards and
+               holds nothing (a spare). Kill stage 1's worker: the spare takes
+               its place (a new epoch without the dead node), the streams
+               resume; /metrics counts 1 recovery and 6 resumed sequences.
+  repartition  workers w-a, w-b serve (PP 2), no spare. Kill stage 1's
+               worker: every layer goes to the survivor, the streams resume.
+  timeout      one worker, --recovery-timeout 3: kill it; the held streams
+               end with an error event naming recovery_timeout, /health
+               answers 503; a new worker registers: serving resumes and a
+               request equals the no-failure run.
+
+Runs under /usr/bin/python3 (Debian's python3-grpcio imports only there).
+"""
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+FAILS = []
+HB_MS = 1000
+DEAD_MS = 10000
+N_STREAMS = 6
+N_TOK = 200
+KILL_AT = 20
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+    return cond
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_for(fn, timeout, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+            if v:
+                return v
+        except Exception:  # noqa: BLE001 - retried until the deadline
+            pass
+        time.sleep(step)
+    return None
+
+
+class Live:
+    def __init__(self, args, min_workers, extra=()):
+        self.args = args
+        self.tmp = tempfile.mkdtemp(prefix="strata-recovery-")
+        self.model = os.path.join(args.shared, "models", "stories260K.gguf")
+        self.env = dict(os.environ)
+        self.env.setdefault("UCX_TLS", "tcp")
+        self.env.setdefault("UCX_NET_DEVICES", "lo")
+        self.env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        self.http_port = free_port()
+        self.grpc_addr = "127.0.0.1:%d" % free_port()
+        self.workers = {}
+        self.killed = set()
+        self.cfg = os.path.join(self.tmp, "cluster.ini")
+        with open(self.cfg, "w") as f:
+            f.write("[cluster]\nmodel = %s\nkv_blocks = 256\n" % self.model)
+        log = open(os.path.join(self.tmp, "coordinator.log"), "w")
+        self.coord = subprocess.Popen(
+            [args.coordinator, "--live", "--config", self.cfg, "--listen", "127.0.0.1:%d" % self.http_port,
+             "--grpc-listen", self.grpc_addr, "--state", os.path.join(self.tmp, "state.json"),
+             "--heartbeat-ms", str(HB_MS), "--dead-after-ms", str(DEAD_MS), "--min-workers", str(min_workers)]
+            + list(extra), stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self._chan = grpc.insecure_channel(self.grpc_addr)
+        self.stub = pbg.ControlStub(self._chan)
+
+    def start_worker(self, name):
+        log = open(os.path.join(self.tmp, "%s.log" % name), "w")
+        cmd = [self.args.worker, "--listen", "127.0.0.1:%d" % free_port(), "--coordinator", self.grpc_addr,
+               "--name", name, "--model", self.model, "--threads", "1"]
+        self.workers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+
+    def kill(self, name):
+        p = self.workers[name]
+        os.kill(p.pid, signal.SIGKILL)
+        self.killed.add(name)
+
+    def serving(self):
+        return self.stub.GetStatus(pb.GetStatusRequest(), timeout=2).serving
+
+    def placement(self):
+        return self.stub.GetPlacement(pb.GetPlacementRequest(), timeout=5)
+
+    def nodes(self):
+        return {n.name: n for n in self.stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes}
+
+    def get(self, path):
+        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, r.read().decode(errors="replace")
+        finally:
+            c.close()
+
+    def stream(self, prompt, n, on_chunk=None):
+        """One SSE completion: (saw [DONE], token ids, error events)."""
+        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=300)
+        try:
+            body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                    "stream": True, "return_token_ids": True}
+            c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            if r.status != 200:
+                return False, [], ["HTTP %d: %s" % (r.status, r.read()[:300])]
+            ids, errors, done = [], [], False
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                if line[6:] == b"[DONE]":
+                    done = True
+                    break
+                ch = json.loads(line[6:])
+                if "error" in ch:
+                    errors.append(ch["error"].get("message", str(ch["error"])))
+                    continue
+                ids += ch["choices"][0].get("token_ids", [])
+                if on_chunk:
+                    on_chunk(len(ids))
+            return done, ids, errors
+        finally:
+            c.close()
+
+    def log(self, name="coordinator"):
+        with open(os.path.join(self.tmp, name + ".log"), errors="replace") as f:
+            return f.read()
+
+    def dump(self):
+        for name in sorted(os.listdir(self.tmp)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.tmp, name), errors="replace") as f:
+                    lines = f.readlines()
+                print("---- %s (last 40 lines)" % name)
+                sys.stdout.write("".join(lines[-40:]))
+
+    def stop(self):
+        rcs = {}
+        procs = [(n, p) for n, p in self.workers.items() if n not in self.killed] + [("coordinator", self.coord)]
+        if self.coord.poll() is None:
+            self.coord.send_signal(signal.SIGTERM)
+        for n, p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, p in procs:
+            try:
+                rcs[name] = p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                rcs[name] = None
+        for n in self.killed:
+            self.workers[n].wait()
+        self._chan.close()
+        return rcs
+
+
+def refs(args):
+    with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
+        return json.load(f)[:N_STREAMS]
+
+
+def stage_str(pl):
+    return ",".join("%s:%d-%d" % (s.node, s.first_layer, s.last_layer) for s in pl.stages)
+
+
+def run_streams(cl, rs, n_tok, on_progress=None):
+    progress = [0] * len(rs)
+    out = [None] * len(rs)
+
+    def run(i):
+        def chunk(k):
+            progress[i] = k
+            if on_progress:
+                on_progress(progress)
+        try:
+            out[i] = cl.stream(rs[i]["prompt"], n_tok, chunk)
+        except Exception as e:  # noqa: BLE001
+            out[i] = (False, [], ["exception: %r" % e])
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(rs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(600)
+    return out
+
+
+def baseline(cl, rs):
+    """The no-failure run: N_TOK tokens per prompt (whose first 64 equal the reference)."""
+    out = run_streams(cl, rs, N_TOK)
+    ok = all(o[0] and not o[2] and len(o[1]) == N_TOK for o in out)
+    check(ok, "no-failure run: %d streams of %d tokens, [DONE], no error event" % (len(rs), N_TOK))
+    same = all(o[1][:64] == r["completion_tokens"][:64] for o, r in zip(out, rs))
+    check(same, "no-failure run: the first 64 tokens equal the reference")
+    return [o[1] for o in out]
+
+
+def kill_mid_stream(cl, rs, base, label):
+    """6 streams; SIGKILL the worker of stage 1 once each has KILL_AT tokens;
+    every stream ends with [DONE], no error event, the baseline's tokens."""
+    pl0 = cl.placement().current
+    victim = pl0.stages[1].node
+    print("placement before: epoch %d %s; killing %s (stage 1) at %d tokens"
+          % (pl0.epoch, stage_str(pl0), victim, KILL_AT), flush=True)
+    lock = threading.Lock()
+    at = []
+
+    def on_progress(progress):
+        with lock:
+            if not at and min(progress) >= KILL_AT:
+                cl.kill(victim)
+                at.append(list(progress))
+    out = run_streams(cl, rs, N_TOK, on_progress)
+    print("killed %s with the streams at %s tokens" % (victim, at[0] if at else "-"), flush=True)
+    check(bool(at) and max(at[0]) < N_TOK, "%s killed mid-stream" % victim)
+    for i, (o, b) in enumerate(zip(out, base)):
+        done, ids, errs = o
+        good = done and not errs and ids == b
+        if not good:
+            first = next((k for k in range(min(len(ids), len(b))) if ids[k] != b[k]), None)
+            print("  stream %d: done=%s errors=%s %d tokens, first difference at %s"
+                  % (i, done, errs[:2], len(ids), first))
+        check(good, "%s: stream %d ends with [DONE], no error event, the no-failure tokens" % (label, i))
+    pl1 = cl.placement().current
+    print("placement after: epoch %d %s" % (pl1.epoch, stage_str(pl1)), flush=True)
+    check(pl1.epoch > pl0.epoch and victim not in [s.node for s in pl1.stages] and
+          [x for s in pl1.stages for x in range(s.first_layer, s.last_layer + 1)] == list(range(pl0.n_layers)),
+          "%s: a new epoch without %s covers every layer" % (label, victim))
+    log = cl.log()
+    steps = [l for l in log.splitlines() if "recovery:" in l]
+    print("\n".join(steps))
+    check(any("lost stage 1" in l and "holding" in l for l in steps) and
+          any("resumed %d request(s)" % len(rs) in l for l in steps),
+          "%s: the coordinator logs the recovery steps with the request ids" % label)
+    st, m = cl.get("/metrics")
+    vals = {}
+    for line in m.splitlines():
+        if line.startswith("strata_recoveries_total") or line.startswith("strata_sequences_resumed_total") \
+                or line.startswith("strata_tokens_recomputed_total"):
+            k, v = line.split()
+            vals[k] = float(v)
+    print("metrics: %s" % vals)
+    check(vals.get("strata_recoveries_total") == 1 and vals.get("strata_sequences_resumed_total") == len(rs) and
+          vals.get("strata_tokens_recomputed_total", 0) >= len(rs) * KILL_AT,
+          "%s: /metrics counts 1 recovery, %d resumed sequences, their tokens" % (label, len(rs)))
+    st, body = cl.get("/health")
+    check(st == 200, "%s: /health 200 after the recovery (%d)" % (label, st))
+    out = run_streams(cl, rs[:2], 32)
+    check(all(o[0] and not o[2] and o[1] == b[:32] for o, b in zip(out, base)),
+          "%s: new requests after the recovery equal the no-failure run" % label)
+
+
+# ---------------------------------------------------------------------- modes
+
+def mode_spare(args):
+    cl = Live(args, 2)
+    try:
+        cl.start_worker("w-a")
+        cl.start_worker("w-b")
+        if not check(wait_for(cl.serving, 120, 0.1), "w-a, w-b serve"):
+            return cl
+        cl.start_worker("w-c")
+        check(wait_for(lambda: cl.nodes()["w-c"].state == pb.NODE_STATE_READY, 60), "the spare w-c is ready")
+        pl = cl.placement().current
+        check(len(pl.stages) == 2 and "w-c" not in [s.node for s in pl.stages], "w-c holds no stage: %s" % stage_str(pl))
+        rs = refs(args)
+        base = baseline(cl, rs)
+        kill_mid_stream(cl, rs, base, "spare")
+        check("w-c" in [s.node for s in cl.placement().current.stages], "the spare took a stage")
+    except Exception as e:  # noqa: BLE001
+        check(False, "exception: %r" % e)
+    return cl
+
+
+def mode_repartition(args):
+    cl = Live(args, 2)
+    try:
+        cl.start_worker("w-a")
+        cl.start_worker("w-b")
+        if not check(wait_for(cl.serving, 120, 0.1), "w-a, w-b serve"):
+            return cl
+        rs = refs(args)
+        base = baseline(cl, rs)
+        kill_mid_stream(cl, rs, base, "repartition")
+        pl = cl.placement().current
+        check(len(pl.stages) == 1, "every layer on the survivor: %s" % stage_str(pl))
+    except Exception as e:  # noqa: BLE001
+        check(False, "exception: %r" % e)
+    return cl
+
+
+def mode_timeout(args):
+    cl = Live(args, 1, ["--recovery-timeout", "3"])
+    try:
+        cl.start_worker("w-a")
+        if not check(wait_for(cl.serving, 120, 0.1), "w-a serves"):
+            return cl
+        rs = refs(args)[:2]
+        base = baseline(cl, rs)
+        lock = threading.Lock()
+        at = []
+
+        def on_progress(progress):
+            with lock:
+                if not at and min(progress) >= KILL_AT:
+                    cl.kill("w-a")
+                    at.append(list(progress))
+        out = run_streams(cl, rs, N_TOK, on_progress)
+        check(bool(at), "w-a killed mid-stream at %s tokens" % (at[0] if at else "-"))
+        for i, (done, ids, errs) in enumerate(out):
+            print("  stream %d: done=%s %d tokens, errors %s" % (i, done, len(ids), errs))
+            check(done and len(errs) == 1 and "recovery_timeout" in errs[0] and ids == base[i][:len(ids)],
+                  "stream %d: an error event naming recovery_timeout, then [DONE]" % i)
+        st, body = cl.get("/health")
+        check(st == 503, "/health 503 while nothing can serve: %d %s" % (st, body.strip()[:200]))
+        cl.start_worker("w-b")
+        check(bool(wait_for(cl.serving, 120, 0.1)), "a new worker registers: serving resumes")
+        pl = cl.placement().current
+        check([s.node for s in pl.stages] == ["w-b"], "the new placement: %s" % stage_str(pl))
+        out = run_streams(cl, rs, 48)
+        check(all(o[0] and not o[2] and o[1] == b[:48] for o, b in zip(out, base)),
+              "requests after the recovery equal the no-failure run")
+    except Exception as e:  # noqa: BLE001
+        check(False, "exception: %r" % e)
+    return cl
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["spare", "repartition", "timeout"])
+    for a in ("coordinator", "worker", "proto", "shared", "workdir"):
+        ap.add_argument("--" + a, required=True)
+    args = ap.parse_args()
+    wd = os.path.join(args.workdir, "pygen-recovery-" + args.mode)
+    shutil.rmtree(wd, ignore_errors=True)
+    os.makedirs(wd)
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", os.path.dirname(os.path.abspath(args.proto)),
+                    "--python_out", wd, "--grpc_python_out", wd, os.path.abspath(args.proto)],
+                   check=True, timeout=60)
+    sys.path.insert(0, wd)
+    global grpc, pb, pbg
+    import grpc  # noqa: E402
+    import control_pb2 as pb  # noqa: E402
+    import control_pb2_grpc as pbg  # noqa: E402
+    cl = None
+    try:
+        cl = globals()["mode_" + args.mode](args)
+    finally:
+        rcs = cl.stop() if cl else {}
+        if FAILS and cl:
+            cl.dump()
+    check(all(rc == 0 for rc in rcs.values()), "every process left exited 0 on SIGTERM: %s" % rcs)
+    if FAILS:
+        print("%d FAILED: %s" % (len(FAILS), FAILS))
+        return 1
+    if cl:
+        shutil.rmtree(cl.tmp, ignore_errors=True)
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
