@@ -109,6 +109,7 @@ static void send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsReque
     s.bytes_recv = xs.bytes_recv;
     s.bad_frames = xs.bad_frames;
     s.dropped_frames = w->front->dropped_frames;
+    s.fenced_frames = w->front->fenced_frames;
     s.batch_errors = w->front->batch_errors;
     s.queue_depth = cs.queued > 0 ? (uint32_t)cs.queued : 0;
     s.worker_name = w->name;

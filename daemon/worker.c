@@ -93,6 +93,18 @@ static void note_load(worker *w, const frame_header *h)
     }
 }
 
+/* Whether epoch is older than the newest stage this worker holds: a frame of
+ * it comes from a placement that was replaced (a peer that missed the change:
+ * declared lost, then back after SIGCONT or a healed partition). Fenced:
+ * dropped, counted in fenced_frames (StageStats) as well as dropped_frames. */
+static bool old_epoch(const worker *w, uint64_t epoch)
+{
+    uint64_t newest = 0;
+    for (const wstage *st = w->stages; st; st = st->link)
+        if (st->cur.epoch > newest) newest = st->cur.epoch;
+    return epoch < newest;
+}
+
 static void on_frame(xport_peer *peer, const frame_header *h, const void *payload, size_t bytes, void *ud)
 {
     worker *w = ud;
@@ -101,6 +113,7 @@ static void on_frame(xport_peer *peer, const frame_header *h, const void *payloa
     case STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL: assignment_handle_control(w, peer, h); break;
     case STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS: {
         wstage *st = stage_by_epoch(w, h->epoch);
+        if (!st && old_epoch(w, h->epoch)) w->fenced_frames++; /* dropped below (epoch check) */
         if (!st) st = w->stages;
         if (!st) {
             worker_drop_frame(w, peer, "ACTIVATIONS (batch %llu) while no stage is ready",

@@ -90,6 +90,7 @@ struct worker {
     wstage *stages;         /* live stages, newest first */
     wstage *released;       /* released ones: freed after the transport (their sends may be in flight) */
     uint64_t dropped_frames, batch_errors;
+    uint64_t fenced_frames; /* of dropped_frames: ACTIVATIONS of an epoch older than the newest stage held */
     bool shutting_down;
     /* worker_load_get window: sequences seen and their block-table lengths */
     uint64_t load_seq[LOAD_MAX_SEQS];

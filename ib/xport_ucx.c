@@ -650,6 +650,24 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss, sock
     return 0;
 }
 
+/* SO_REUSEADDR on the listening socket of UCX's TCP connection manager
+ * (UCX_TCP_CM_REUSEADDR=y), unless the user set it. UCX leaves it off, so a
+ * worker restarted on its address (systemd's Restart=, a crash, SIGKILL)
+ * failed to bind ("xport: listen on H:P: Device is busy") for as long as the
+ * connections of its previous process sat in TIME_WAIT on that port (60 s):
+ * every try of systemd's restart burst failed and the unit gave up. The
+ * option only lets a new listener take a port whose old connections are
+ * closing; a port that another process listens on still fails (Linux refuses
+ * a second listener). Set in the environment because UCX reads the connection
+ * manager's options from there when ucp_init opens it (ucp_config_modify does
+ * not reach them: "invalid configuration"), and from a constructor because
+ * setenv is not safe while other threads may read the environment: this runs
+ * before main, before any thread and before the first ucp_init. */
+__attribute__((constructor)) static void xport_env_defaults(void)
+{
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0 /* keep the user's value */);
+}
+
 xport *xport_create(struct event_base *base, const char *listen_host, int listen_port, const xport_callbacks *cb,
                     st_err *err)
 {

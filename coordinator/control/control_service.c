@@ -47,6 +47,7 @@ typedef struct run {
     coord_config cfg;        /* shallow copy of the live config; stages below */
     coord_stage_cfg *stages;
     cluster *cl;
+    uint64_t node_reg[PLACE_NODE_MAX]; /* each stage's node's registrations when assigned */
     bool ready, failed;
     char fail_msg[ST_ERR_MSG_MAX];
     double retire_at;
@@ -230,6 +231,7 @@ static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
             run_free(r);
             return NULL;
         }
+        r->node_reg[i] = n->registrations;
         ranges[i].first = ps->first;
         ranges[i].last = ps->last + 1;
     }
@@ -878,9 +880,14 @@ static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry, b
 
 static void h_get_placement(rpc_call *c, const rpc_request *req, void *ud) { reply_placement(ud, c, NULL, false); }
 
-/* pl has the current placement's stages (node, layers, TP), and no change is
- * in progress: then a change would only reload the same stages. */
-static bool same_as_current(const ctl_service *s, const placement *pl) {
+/* pl has the current placement's stages (node, layers, TP), no change is in
+ * progress, and no node of it registered again since the current epoch was
+ * assigned: then a change would only reload the same stages. A node that
+ * registered again (restarted, or back from dead: registry.h's
+ * registrations) holds none of the current epoch's stages, so the same
+ * stages are a change: a new epoch loads them onto it (issue 12: a
+ * restarted worker re-placed with the old split was refused as unchanged). */
+static bool same_as_current(ctl_service *s, const placement *pl) {
     if (!s->cur || s->pend || s->from) return false;
     const placement *c = &s->cur->pl;
     if (c->n_stages != pl->n_stages || c->n_layers != pl->n_layers) return false;
@@ -888,6 +895,15 @@ static bool same_as_current(const ctl_service *s, const placement *pl) {
         if (strcmp(c->st[i].node, pl->st[i].node) || c->st[i].first != pl->st[i].first ||
             c->st[i].last != pl->st[i].last || c->st[i].tp != pl->st[i].tp)
             return false;
+    for (int i = 0; i < c->n_stages; i++) {
+        const reg_node *n = registry_find(&s->reg, c->st[i].node);
+        if (n && n->registrations != s->cur->node_reg[i]) {
+            ST_INFO("control: %s registered again since placement epoch %" PRIu64 " was assigned (stage %d): "
+                    "the same stages are a change (a new epoch loads them)",
+                    n->name, c->epoch, i);
+            return false;
+        }
+    }
     return true;
 }
 

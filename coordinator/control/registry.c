@@ -70,6 +70,7 @@ int registry_register(registry *r, const reg_info *in, double now, uint64_t *lea
     if (!n && !(n = add(r, in->name))) return st_errf(err, "Register: out of memory");
     bool again = n->state != 0;
     n->lease = next_lease(r);
+    n->registrations++;
     n->state = REG_REGISTERED;
     n->last_seen = now;
     snprintf(n->device_kind, sizeof n->device_kind, "%s",

@@ -52,6 +52,13 @@ typedef struct reg_node {
     double busy_fraction;
     uint64_t bytes_sent;
     uint64_t heartbeats;
+    /* Accepted Registers under this name (0: known from the state file only).
+     * A new value means a worker that registered again: restarted, or back
+     * from dead. It holds no stage of an epoch assigned before (a restarted
+     * process has none; one declared dead may have been fenced), so a
+     * placement naming it is a change even with the same stages
+     * (control_service.c's same_as_current). */
+    uint64_t registrations;
 } reg_node;
 
 typedef struct registry {
@@ -82,7 +89,7 @@ reg_node *registry_find(registry *r, const char *name);
 reg_node *registry_add_known(registry *r, const char *name, const char *data_address);
 
 /* Registers (or re-registers) a node: a fresh lease, state REGISTERED (a
- * draining node is no longer draining). -1 + err (INVALID_ARGUMENT-worthy:
+ * draining node is no longer draining), registrations + 1. -1 + err (INVALID_ARGUMENT-worthy:
  * empty name, name too long, no data address) otherwise. */
 int registry_register(registry *r, const reg_info *in, double now, uint64_t *lease, st_err *err);
 

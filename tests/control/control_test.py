@@ -26,6 +26,13 @@ MODE
   restart    SIGKILL the coordinator, start it again: same placement (epoch,
              stages) from the state file, workers re-register, serving resumes
              with reference output
+  rejoin     3 times: SIGKILL w-b (it holds a stage) and start it again at once
+             on the same data-plane port: it listens on the first try (no
+             "Device is busy": the coordinator's connections left the port in
+             TIME_WAIT) and registers again; then the old split (SetPlacement)
+             or placement auto is a change, not `unchanged` (the restarted
+             worker lost its stage): a new epoch loads and completions equal
+             the reference
 
 Runs under /usr/bin/python3 (Debian's python3-grpcio imports only there).
 """
@@ -88,6 +95,8 @@ class Live:
         self.grpc_port = free_port()
         self.grpc_addr = "127.0.0.1:%d" % self.grpc_port
         self.workers = {}
+        self.ports = {}
+        self.nstart = {}
         self.coord = None
         self.ncoord = 0
         self.cfg = os.path.join(self.tmp, "cluster.ini")
@@ -104,9 +113,12 @@ class Live:
              self.state, "--heartbeat-ms", str(HB_MS), "--dead-after-ms", str(DEAD_MS),
              "--min-workers", "3"], stdout=log, stderr=subprocess.STDOUT, env=self.env)
 
-    def start_worker(self, name, memory=None):
-        log = open(os.path.join(self.tmp, "%s.log" % name), "w")
-        cmd = [self.args.worker, "--listen", "127.0.0.1:%d" % free_port(), "--coordinator",
+    def start_worker(self, name, memory=None, port=None):
+        self.nstart[name] = self.nstart.get(name, 0) + 1
+        suffix = "" if self.nstart[name] == 1 else "-%d" % self.nstart[name]
+        self.ports[name] = port or free_port()
+        log = open(os.path.join(self.tmp, "%s%s.log" % (name, suffix)), "w")
+        cmd = [self.args.worker, "--listen", "127.0.0.1:%d" % self.ports[name], "--coordinator",
                self.grpc_addr, "--name", name, "--model", self.model, "--threads", "1"]
         if memory:
             cmd += ["--memory", memory]
@@ -498,10 +510,113 @@ def mode_restart(cl, args):
     check(sorted(cl.nodes()) == ["w-a", "w-b", "w-c"], "every worker re-registered")
     exact(cl, rs[:6], 32, "after the coordinator restart")
 
+def time_wait_on(port):
+    """Sockets on local port `port` in TIME_WAIT or FIN_WAIT2 (/proc/net/tcp): what
+    makes a bind without SO_REUSEADDR fail."""
+    n = 0
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(f) as fh:
+                next(fh)
+                for line in fh:
+                    parts = line.split()
+                    if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] in ("06", "05"):
+                        n += 1
+        except OSError:
+            pass
+    return n
+
+
+def read_text(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def replace_until_accepted(call, what):
+    """call() until the coordinator accepts it: a placement change still loading
+    (FAILED_PRECONDITION "try again") is waited out, anything else is returned."""
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION or "try again" not in e.details() or \
+                    time.monotonic() > deadline:
+                raise
+            print("%s: %s; retrying" % (what, e.details()))
+            time.sleep(0.2)
+
+
+def mode_rejoin(cl, args):
+    rs = refs(args)
+    pl0 = cl.placement().current
+    old = [pb.Stage(node=s.node, first_layer=s.first_layer, last_layer=s.last_layer) for s in pl0.stages]
+    check("w-b" in [s.node for s in pl0.stages], "w-b holds a stage: %s" % stage_str(pl0))
+    exact(cl, rs[:2], 16, "before the kills")
+    port = cl.ports["w-b"]
+    stale_changes = 0
+    for rep in range(1, 4):
+        before = cl.placement().current
+        lease0 = cl.nodes()["w-b"].lease_id
+        w = cl.workers["w-b"]
+        w.kill()
+        w.wait()
+        tw = time_wait_on(port)
+        cl.start_worker("w-b", port=port)
+        log = os.path.join(cl.tmp, "w-b-%d.log" % cl.nstart["w-b"])
+        p = cl.workers["w-b"]
+        wait_for(lambda: "strata-worker: listening on" in read_text(log) or p.poll() is not None, 60)
+        text = read_text(log)
+        print("restart %d: %d socket(s) on port %d in TIME_WAIT/FIN_WAIT2 at the restart; %s" %
+              (rep, tw, port, [l for l in text.splitlines() if "listening on" in l or "error" in l][:2]))
+        check(p.poll() is None and "strata-worker: listening on 127.0.0.1:%d" % port in text and
+              "Device is busy" not in text, "restart %d: w-b listens on port %d on the first try" % (rep, port))
+        ok = wait_for(lambda: cl.nodes()["w-b"].lease_id not in (0, lease0) and
+                      cl.nodes()["w-b"].state in (pb.NODE_STATE_REGISTERED, pb.NODE_STATE_READY), 60)
+        check(bool(ok), "restart %d: w-b registered again (new lease, %s)" %
+              (rep, pb.NodeState.Name(cl.nodes()["w-b"].state)))
+        # The re-placement: the old split (SetPlacement), or AutoPlacement
+        # (which computes the same split). `stale`: the epoch of the kill still
+        # is the current one (no recovery re-placed it meanwhile), so the same
+        # stages must be a change now, not `unchanged`.
+        if rep == 2:
+            what = "AutoPlacement"
+            r = replace_until_accepted(lambda: cl.stub.AutoPlacement(pb.AutoPlacementRequest(), timeout=10), what)
+        else:
+            what = "SetPlacement with the old split %s" % stage_str(pl0)
+            r = replace_until_accepted(lambda: cl.stub.SetPlacement(pb.SetPlacementRequest(stages=old), timeout=10),
+                                       what)
+        stale = r.current.epoch == before.epoch
+        stale_changes += stale and not r.unchanged
+        check(not (r.unchanged and stale),
+              "restart %d: %s onto the restarted w-b is not refused as unchanged (epoch %d -> %s%s)" %
+              (rep, what, before.epoch, r.pending.epoch if r.HasField("pending") else r.current.epoch,
+               (", unchanged" + ("" if stale else ": a recovery had re-placed it already")) if r.unchanged else ""))
+        target = r.pending.epoch if r.HasField("pending") else r.current.epoch
+        ok = wait_for(lambda: not cl.placement().HasField("pending") and cl.placement().current.epoch >= target and
+                      cl.stub.GetStatus(pb.GetStatusRequest(), timeout=5).serving, 120, 0.1)
+        cur = cl.placement().current
+        check(bool(ok) and cur.epoch > before.epoch and stage_str(cur) == stage_str(pl0),
+              "restart %d: the old split serves again on the restarted w-b: epoch %d %s" %
+              (rep, cur.epoch, stage_str(cur)))
+        exact(cl, rs[:4], 32, "restart %d: after the re-placement" % rep)
+    # a placement that really is unchanged still is
+    r = cl.stub.SetPlacement(pb.SetPlacementRequest(stages=old), timeout=10)
+    check(r.unchanged and not r.HasField("pending"), "the same split once more: unchanged (epoch %d)" % r.current.epoch)
+    with open(os.path.join(cl.tmp, "coordinator1.log"), errors="replace") as f:
+        why = [l.strip() for l in f if "registered again since" in l]
+    print("\n".join(why[:3]))
+    check(len(why) >= stale_changes,
+          "the coordinator logs why the same stages were a change (%d line(s), %d such re-placement(s))" %
+          (len(why), stale_changes))
+
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["register", "move", "drain", "failure", "restart"])
+    ap.add_argument("mode", choices=["register", "move", "drain", "failure", "restart", "rejoin"])
     for a in ("coordinator", "worker", "stratactl", "proto", "shared", "workdir"):
         ap.add_argument("--" + a, required=True)
     args = ap.parse_args()

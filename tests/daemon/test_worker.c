@@ -658,9 +658,13 @@ int main(int argc, char **argv)
     }
     if (g.w[0].stats) {
         CHECK_EQ_INT(g.w[0].stats->dropped_frames, 3); /* junk CONTROL, wrong epoch, bad block id */
+        CHECK_EQ_INT(g.w[0].stats->fenced_frames, 0);  /* its wrong epoch is a newer one */
         CHECK_EQ_INT(g.w[0].stats->batch_errors, 1);
     }
-    if (g.w[1].stats) CHECK_EQ_INT(g.w[1].stats->dropped_frames, 2); /* before assignment, wrong epoch */
+    if (g.w[1].stats) {
+        CHECK_EQ_INT(g.w[1].stats->dropped_frames, 2); /* before assignment, wrong epoch */
+        CHECK_EQ_INT(g.w[1].stats->fenced_frames, 1);  /* its wrong epoch is an older one */
+    }
     printf("load %.2f s; 2 x %d tokens in %.2f s (%.1f tok/s aggregate, PP 2 x TP 2, with the garbage pause)\n",
            t_ready - t_start, N_GEN, t_done - t_ready, 2 * N_GEN / (t_done - t_ready));
 
