@@ -152,10 +152,12 @@ class Live:
     def nodes(self):
         return {n.name: n for n in self.stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes}
 
-    def complete(self, prompt, n, stream=False, on_chunk=None):
+    def complete(self, prompt, n, stream=False, on_chunk=None, ignore_eos=False):
         c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=120)
         try:
             body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "return_token_ids": True}
+            if ignore_eos:
+                body["ignore_eos"] = True
             if stream:
                 body["stream"] = True
             c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
@@ -389,13 +391,18 @@ def metrics(cl):
 def mode_drain(cl, args):
     rs = refs(args)
     n_tok = 64
+    # The streams run past the reference's 64 tokens (EOS ignored) so that
+    # they are still running when the drain's new placement starts serving,
+    # however fast the build; only their first 64 tokens are compared.
+    n_run = 480
     progress = [0] * 8
     out = [None] * 8
 
     def run(i):
         try:
-            out[i] = cl.complete(rs[i]["prompt"], n_tok, stream=True,
-                                 on_chunk=lambda k, i=i: progress.__setitem__(i, k))
+            st, ids = cl.complete(rs[i]["prompt"], n_run, stream=True, ignore_eos=True,
+                                  on_chunk=lambda k, i=i: progress.__setitem__(i, k))
+            out[i] = (st, ids[:n_tok] if isinstance(ids, list) else ids)
         except Exception as e:  # noqa: BLE001
             out[i] = (0, repr(e))
     ts = [threading.Thread(target=run, args=(i,)) for i in range(8)]
