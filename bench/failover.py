@@ -1,0 +1,440 @@
+#!/usr/bin/python3
+"""failover.py — issue 12's failover figures (a benchmark: figures, not pass/fail).
+Run through bench/failover.sh, which builds the binaries first.
+
+  failover.py --build DIR [--kills N] [--fault crash|hang] [--streams S]
+              [--tokens T] [--kill-at K] [--shared DIR] [--keep]
+
+A live coordinator (strata-coordinator --live, gRPC registration) and 3
+strata-worker processes on loopback (w-a, w-b serve PP 2, w-c a spare; each
+worker keeps its port for the whole run), stories260K. N times: S greedy SSE
+streams (temperature 0, ignore_eos, T tokens, the reference prompts) start;
+once every stream has K tokens the worker holding stage 1 (asked each time
+with `stratactl placement show`) gets
+  crash: SIGKILL;
+  hang:  SIGSTOP (found by the coordinator's per-micro-batch deadline,
+         cluster.c check_overdue); once the streams are over it is SIGCONTed
+         and SIGKILLed.
+Then the streams finish on the new placement, the killed worker is started
+again with the same name on the same port (it becomes the spare of the next
+kill) and the cluster is waited for: serving, 3 nodes ready, one holding no
+stage.
+
+Per kill:
+  detection          kill -> the coordinator's `recovery: ... lost stage 1 ...
+                     holding` log line (its timestamp, CLOCK_REALTIME, ms)
+  kill-to-next-token kill -> the first token that any stream receives after the
+                     kill (client side, time.monotonic()); tokens that were
+                     already on their way before the hold line (computed before
+                     the kill) are not counted: the first token received after
+                     the hold line's time is, and the number skipped is printed
+  tokens recomputed  the delta of /metrics strata_tokens_recomputed_total
+  coordinator        the `epoch E serves X s after the loss` figure of the log
+p50 and p99 (linear interpolation) of each, and the raw lists.
+
+Every process is started here and always stopped by pid (try/finally; SIGTERM
+and SIGINT end the run through the same path). /usr/bin/python3, stdlib only
+(the control API is read with stratactl --json).
+"""
+import argparse
+import datetime
+import http.client
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HB_MS = 1000
+DEAD_MS = 10000
+NAMES = ("w-a", "w-b", "w-c")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_for(fn, timeout, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+            if v:
+                return v
+        except Exception:  # noqa: BLE001 - retried until the deadline
+            pass
+        time.sleep(step)
+    return None
+
+
+def log_time(line):
+    """The wall-clock time (s since the epoch) of a log line `2026-12-01T15:59:29.123Z ...`."""
+    ts = line.split(" ", 1)[0]
+    d = datetime.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
+    return d.timestamp()
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+class Cluster:
+    def __init__(self, a):
+        self.a = a
+        self.tmp = tempfile.mkdtemp(prefix="strata-failover-")
+        self.model = os.path.join(a.shared, "models", "stories260K.gguf")
+        self.env = dict(os.environ)
+        self.env.pop("JOURNAL_STREAM", None)  # logs to stderr (the files below), not journald
+        self.env.setdefault("UCX_TLS", "tcp")
+        self.env.setdefault("UCX_NET_DEVICES", "lo")
+        self.http_port = free_port()
+        self.grpc_addr = "127.0.0.1:%d" % free_port()
+        self.ports = {n: free_port() for n in NAMES}
+        self.workers = {}      # name -> Popen (the latest process of that name)
+        self.old = []          # earlier processes (killed), reaped at the end
+        self.stopped = set()   # pids SIGSTOPped and not yet killed
+        self.old_lease = {}    # name -> lease id of the process replaced (until the new one registers)
+        self.coord = None
+        cfg = os.path.join(self.tmp, "cluster.ini")
+        with open(cfg, "w") as f:
+            f.write("[cluster]\nmodel = %s\nkv_blocks = 256\n" % self.model)
+        bindir = a.build
+        self.bin_coord = os.path.join(bindir, "coordinator", "strata-coordinator")
+        self.bin_worker = os.path.join(bindir, "daemon", "strata-worker")
+        self.bin_ctl = os.path.join(bindir, "cli", "stratactl")
+        log = open(os.path.join(self.tmp, "coordinator.log"), "w")
+        self.coord = subprocess.Popen(
+            [self.bin_coord, "--live", "--config", cfg, "--listen", "127.0.0.1:%d" % self.http_port,
+             "--grpc-listen", self.grpc_addr, "--state", os.path.join(self.tmp, "state.json"),
+             "--heartbeat-ms", str(HB_MS), "--dead-after-ms", str(DEAD_MS), "--min-workers", "2"],
+            stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        log.close()
+
+    def start_worker(self, name):
+        log = open(os.path.join(self.tmp, "%s.log" % name), "a")
+        cmd = [self.bin_worker, "--listen", "127.0.0.1:%d" % self.ports[name], "--coordinator", self.grpc_addr,
+               "--name", name, "--model", self.model, "--threads", "1"]
+        self.workers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        log.close()
+
+    def fault(self, name, hang):
+        p = self.workers[name]
+        if hang:
+            self.stopped.add(p.pid)
+            os.kill(p.pid, signal.SIGSTOP)
+        else:
+            os.kill(p.pid, signal.SIGKILL)
+
+    def finish_victim(self, name):
+        """The faulted process: SIGCONT + SIGKILL if stopped, reaped."""
+        p = self.workers.pop(name)
+        if p.pid in self.stopped and p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            os.kill(p.pid, signal.SIGKILL)
+        self.stopped.discard(p.pid)
+        p.wait(timeout=30)
+        self.old.append(p)
+
+    def ctl(self, *words):
+        r = subprocess.run([self.bin_ctl, "--addr", self.grpc_addr, "--json", "--timeout", "5"] + list(words),
+                           capture_output=True, text=True, timeout=15)
+        if r.returncode != 0:
+            raise RuntimeError("stratactl %s: rc %d %s" % (" ".join(words), r.returncode, r.stderr.strip()))
+        return json.loads(r.stdout)
+
+    def get(self, path):
+        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, r.read().decode(errors="replace")
+        finally:
+            c.close()
+
+    def metric(self, name):
+        st, m = self.get("/metrics")
+        for line in m.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.split()[-1])
+        return 0.0
+
+    def log(self):
+        with open(os.path.join(self.tmp, "coordinator.log"), errors="replace") as f:
+            return f.read().splitlines()
+
+    def steady(self):
+        """The placement when: serving, nothing pending, /health 200, the 3
+        workers ready, 2 stages and one worker holding none (the spare)."""
+        if not self.ctl("status").get("serving"):
+            return None
+        pl = self.ctl("placement", "show")
+        if pl.get("pending"):
+            return None
+        nodes = self.ctl("nodes").get("nodes", [])
+        ready = {n["name"] for n in nodes if n.get("state") in ("NODE_STATE_READY", 2)}
+        # A restarted worker counts once it registered again (a new lease):
+        # until then the registry still lists the old process as ready.
+        lease = {n["name"]: str(n.get("lease_id")) for n in nodes}
+        if any(lease.get(k) == v for k, v in self.old_lease.items()):
+            return None
+        self.old_lease.clear()
+        stages = pl.get("current", {}).get("stages", [])
+        holders = {s["node"] for s in stages}
+        if not set(NAMES) <= ready or len(stages) != 2 or not set(NAMES) - holders:
+            return None
+        if self.get("/health")[0] != 200:
+            return None
+        return pl["current"]
+
+    def stream(self, prompt, n, on_chunk):
+        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=300)
+        try:
+            body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                    "stream": True, "return_token_ids": True}
+            c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            if r.status != 200:
+                return False, 0, ["HTTP %d: %s" % (r.status, r.read()[:300])]
+            n_ids, errors, done = 0, [], False
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                if line[6:] == b"[DONE]":
+                    done = True
+                    break
+                ch = json.loads(line[6:])
+                if "error" in ch:
+                    errors.append(ch["error"].get("message", str(ch["error"])))
+                    continue
+                k = len(ch["choices"][0].get("token_ids", []))
+                if k:
+                    n_ids += k
+                    on_chunk(n_ids, time.monotonic(), time.time())
+            return done, n_ids, errors
+        finally:
+            c.close()
+
+    def stop(self):
+        rcs = {}
+        procs = list(self.workers.items())
+        for n, p in procs:
+            if p.pid in self.stopped and p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                os.kill(p.pid, signal.SIGKILL)
+        if self.coord is not None:
+            procs.append(("coordinator", self.coord))
+        for n, p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for n, p in procs:
+            try:
+                rcs[n] = p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                rcs[n] = None
+        for p in self.old:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        return rcs
+
+
+def one_kill(cl, a, i, prompts):
+    pl = wait_for(cl.steady, 120, 0.1)
+    if not pl:
+        raise RuntimeError("kill %d: the cluster is not serving with a spare within 120 s" % i)
+    victim = pl["stages"][1]["node"]
+    epoch0 = int(pl["epoch"])
+    rec0 = cl.metric("strata_tokens_recomputed_total")
+    n_hold0 = sum(1 for l in cl.log() if "recovery:" in l and "holding" in l)
+    lock = threading.Lock()
+    progress = [0] * len(prompts)
+    events = []      # (monotonic, wall) of every chunk with tokens
+    kill_at = []     # (monotonic, wall, progress)
+
+    def run(k, out):
+        def chunk(n, mono, wall):
+            with lock:
+                progress[k] = n
+                events.append((mono, wall))
+                if not kill_at and min(progress) >= a.kill_at:
+                    m0, w0 = time.monotonic(), time.time()
+                    cl.fault(victim, a.fault == "hang")
+                    kill_at.append((m0, w0, list(progress)))
+        try:
+            out[k] = cl.stream(prompts[k], a.tokens, chunk)
+        except Exception as e:  # noqa: BLE001
+            out[k] = (False, 0, ["exception: %r" % e])
+    out = [None] * len(prompts)
+    ts = [threading.Thread(target=run, args=(k, out)) for k in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(600)
+    if not kill_at:
+        raise RuntimeError("kill %d: the streams ended before %d tokens each: %s" % (i, a.kill_at, out))
+    m0, w0, prog = kill_at[0]
+    # The coordinator's figures: the hold line (detection) and the resume line.
+    holds, serves, hold_w = [], None, None
+    wait_for(lambda: any("recovery: epoch" in l and "serves" in l and "after the loss" in l
+                         for l in cl.log() if log_time_safe(l) >= w0 - 0.002), 30)
+    for l in cl.log():
+        if "recovery:" in l and "holding" in l:
+            holds.append(l)
+    new_holds = holds[n_hold0:]
+    hung = False
+    if new_holds:
+        hold_w = log_time(new_holds[0])
+        hung = " hung" in new_holds[0]
+    for l in cl.log():
+        if "recovery: epoch" in l and "serves" in l and "after the loss" in l and log_time_safe(l) >= w0 - 0.002:
+            try:
+                serves = float(l.split(" serves ", 1)[1].split(" s after", 1)[0])
+            except (IndexError, ValueError):
+                pass
+            break
+    detect = hold_w - w0 if hold_w is not None else None
+    after = sorted(e for e in events if e[0] > m0)
+    # Tokens received after the kill but before the hold line were computed before the kill.
+    resumed = [e for e in after if hold_w is None or e[1] > hold_w]
+    early = len(after) - len(resumed)
+    ktnt = resumed[0][0] - m0 if resumed else None
+    rec = cl.metric("strata_tokens_recomputed_total") - rec0
+    n_ok = sum(1 for o in out if o and o[0] and not o[2] and o[1] == a.tokens)
+    errs = [e for o in out if o for e in o[2]]
+    pl1 = cl.ctl("placement", "show").get("current", {})
+    # The faulted worker goes (SIGCONT + SIGKILL when stopped) and comes back
+    # with the same name on the same port: the spare of the next kill.
+    cl.old_lease[victim] = next((str(n.get("lease_id")) for n in cl.ctl("nodes").get("nodes", [])
+                                 if n["name"] == victim), None)
+    cl.finish_victim(victim)
+    cl.start_worker(victim)
+    print("kill %d: %s %s (stage 1 of epoch %d) at %s tokens -> epoch %s %s: detection %s s%s, "
+          "kill-to-next-token %s s (%d token chunk(s) already on the way skipped), recomputed %d tokens, "
+          "coordinator recovery %s s; streams %d/%d [DONE] with %d tokens%s"
+          % (i, "SIGSTOP" if a.fault == "hang" else "SIGKILL", victim, epoch0, prog,
+             pl1.get("epoch"), ",".join("%s:%s-%s" % (s["node"], s.get("first_layer", 0), s.get("last_layer", 0))
+                                         for s in pl1.get("stages", [])),
+             "%.3f" % detect if detect is not None else "-", " (hung)" if hung else "",
+             "%.3f" % ktnt if ktnt is not None else "-", early, rec,
+             "%.2f" % serves if serves is not None else "-", n_ok, len(out), a.tokens,
+             "; errors: %s" % errs[:2] if errs else ""), flush=True)
+    return detect, ktnt, rec, serves, n_ok == len(out)
+
+
+def log_time_safe(l):
+    try:
+        return log_time(l)
+    except (ValueError, IndexError):
+        return 0.0
+
+
+def header(a, cl):
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except OSError:
+        commit = "?"
+    print("# failover: %d kill(s), fault %s (%s the worker holding stage 1)"
+          % (a.kills, a.fault, "SIGSTOP, later SIGCONT + SIGKILL," if a.fault == "hang" else "SIGKILL"))
+    print("# machine: %s, %d CPU(s), %s, load average %s; commit %s, build %s"
+          % (cpu, os.cpu_count() or 0, platform.platform(), " ".join("%.2f" % x for x in os.getloadavg()),
+             commit or "?", os.path.abspath(a.build)))
+    print("# model: %s (%d bytes); live mode, 3 workers on loopback (PP 2 + 1 spare, 1 thread each), UCX_TLS=%s"
+          % (cl.model, os.path.getsize(cl.model), cl.env.get("UCX_TLS")))
+    print("# load: %d greedy SSE streams of %d tokens (ignore_eos), fault once every stream has %d tokens; "
+          "heartbeat %d ms, dead after %d ms" % (a.streams, a.tokens, a.kill_at, HB_MS, DEAD_MS), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--fault", choices=["crash", "hang"], default="crash")
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--kill-at", type=int, default=32)
+    ap.add_argument("--shared", default=os.environ.get("STRATA_SHARED") or
+                    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
+    ap.add_argument("--keep", action="store_true", help="keep the logs' directory")
+    a = ap.parse_args()
+    with open(os.path.join(a.shared, "reference", "stories260K-greedy.json")) as f:
+        refs = json.load(f)
+    prompts = [refs[k % len(refs)]["prompt"] for k in range(a.streams)]
+
+    def on_term(sig, frame):
+        raise KeyboardInterrupt("signal %d" % sig)
+    signal.signal(signal.SIGTERM, on_term)
+    cl = None
+    res = []
+    rc = 0
+    try:
+        cl = Cluster(a)
+        header(a, cl)
+        cl.start_worker("w-a")
+        cl.start_worker("w-b")
+        if not wait_for(lambda: cl.ctl("status").get("serving"), 120, 0.1):
+            raise RuntimeError("w-a, w-b do not serve within 120 s")
+        cl.start_worker("w-c")
+        for i in range(1, a.kills + 1):
+            res.append(one_kill(cl, a, i, prompts))
+        # The last restarted worker registers before everything stops.
+        wait_for(cl.steady, 60, 0.1)
+    except BaseException as e:  # noqa: BLE001 - reported, the processes stopped below
+        print("failover: stopped: %r (logs in %s)" % (e, cl.tmp if cl else "-"), flush=True)
+        rc = 1
+    finally:
+        rcs = cl.stop() if cl else {}
+    if res:
+        det = [r[0] for r in res if r[0] is not None]
+        ktnt = [r[1] for r in res if r[1] is not None]
+        rec = [r[2] for r in res]
+        srv = [r[3] for r in res if r[3] is not None]
+        print("%-28s %9s %9s  raw" % ("figure (%d kills, %s)" % (len(res), a.fault), "p50", "p99"))
+        for name, xs, fmt in (("detection (s)", det, "%.3f"), ("kill-to-next-token (s)", ktnt, "%.3f"),
+                              ("tokens recomputed", rec, "%.0f"), ("coordinator recovery (s)", srv, "%.2f")):
+            print("%-28s %9s %9s  [%s]" % (name, fmt % pct(xs, 50), fmt % pct(xs, 99),
+                                            ", ".join(fmt % x for x in xs)))
+        bad = sum(1 for r in res if not r[4])
+        print("kills whose streams did not all end with [DONE] and all %d tokens: %d of %d" % (a.tokens, bad, len(res)))
+    print("processes stopped: %s" % rcs, flush=True)
+    if cl and not a.keep and rc == 0:
+        shutil.rmtree(cl.tmp, ignore_errors=True)
+    elif cl:
+        print("logs: %s" % cl.tmp)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
