@@ -15,7 +15,8 @@ struct coord_metrics {
     metrics_series *ttft, *tpot, *prompt, *generated;
     metrics_series *queue, *running, *kv_used, *kv_free;
     metrics_series *recoveries, *resumed, *recomputed; /* live mode's recovery counters */
-    uint64_t last_recoveries, last_resumed, last_recomputed;
+    metrics_series *fenced;
+    uint64_t last_recoveries, last_resumed, last_recomputed, last_fenced;
     metrics_family *busy, *bytes, *frames, *wstate, *wage;
     /* Counters from the workers: Prometheus counters only go up, so the
      * exported value follows the largest seen (a restarted worker resets). */
@@ -46,6 +47,10 @@ static void collect(metrics_registry *r, void *ud) {
     if (st->tokens_recomputed > m->last_recomputed) {
         metrics_counter_add(m->recomputed, (double)(st->tokens_recomputed - m->last_recomputed));
         m->last_recomputed = st->tokens_recomputed;
+    }
+    if (st->fenced_frames > m->last_fenced) {
+        metrics_counter_add(m->fenced, (double)(st->fenced_frames - m->last_fenced));
+        m->last_fenced = st->fenced_frames;
     }
     for (int i = 0; i < st->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
         char idx[16];
@@ -136,6 +141,11 @@ coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
                         "Prompt and generated tokens re-prefilled to resume requests after a stage loss.",
                         NULL, err),
         m->recomputed);
+    ONE(metrics_counter(m->reg, "strata_fenced_frames_total",
+                        "Data-plane frames the coordinator dropped as fenced (an older epoch, or after "
+                        "their epoch lost a stage).",
+                        NULL, err),
+        m->fenced);
 #undef ONE
     if (!(m->busy = metrics_gauge(m->reg, "strata_stage_busy_ratio",
                                   "Fraction (0..1) of the last interval the stage computed.",

@@ -25,8 +25,30 @@
 #define BATCH_KEEP 1024 /* micro-batch round trips kept for GET /v1/stages */
 #define RETRY_PAUSE_S 0.3 /* hold mode: no launches this long after a BatchError */
 #define MAX_BATCH_FAILURES 3 /* hold mode: failed batches in a row that end a sequence */
+/* Hang detection (docs/recovery.md, "What is detected"): a micro-batch that
+ * has not come back within its bound, max(HANG_FLOOR_S, HANG_MULT x the
+ * expected round trip), makes the cluster look for a hung stage (find_hung);
+ * the expected round trip is the larger of the moving average of recent
+ * round trips and the moving average of the time per batch token times the
+ * batch's tokens (a long prefill chunk after many short decode steps is not
+ * a hang). Before any round trip was measured the bound is HANG_COLD_S (a
+ * first prefill of a large model may take long). RTT_EWMA_ALPHA: the weight
+ * of each new round trip in the averages. */
+#define HANG_FLOOR_S 2.0
+#define HANG_MULT 20.0
+#define HANG_COLD_S 10.0
+#define RTT_EWMA_ALPHA 0.1
+/* No verdict at a poll that comes this long after the previous one (the
+ * coordinator itself was not scheduled; the stages' replies wait unread). */
+#define HANG_STALL_S 0.5
 
 typedef Strata__V1__ControlMessage ctl_msg;
+
+/* Frames fenced by every cluster of this process (coord_engine_stats
+ * .fenced_frames): results of another epoch, and results that arrive after
+ * the cluster lost a stage (a hung stage that continues: SIGCONT, a healed
+ * partition). Loop thread only. */
+static uint64_t g_fenced_frames;
 
 enum link_state { LINK_DOWN, LINK_ASSIGNED, LINK_READY, LINK_LOST };
 
@@ -48,6 +70,7 @@ typedef struct stage_link {
     uint64_t bytes_sent, frames_sent; /* the worker's transport counters */
     char worker_name[COORD_NAME_LEN];
     double stats_at;                  /* monotonic time of the latest StageStats */
+    double fwd_moved_at;              /* monotonic time `forwards` last changed (hang detection) */
     /* GET /metrics busy ratio: over windows of >= 1 s of worker uptime */
     double win_busy_s, win_uptime_s, busy_ratio;
     /* snapshot at the previous stages_json */
@@ -104,6 +127,10 @@ struct cluster {
     const sched_batch **inflight; /* launched batches (max_inflight slots, NULL = free) */
     int max_inflight;
     uint64_t *launched_ns;        /* per inflight slot: CLOCK_MONOTONIC ns before the send */
+    int *launched_tokens;         /* per inflight slot: the batch's tokens */
+    bool *overdue_warned;         /* per inflight slot: "overdue, no hung stage found" logged */
+    double rtt_avg, rtt_tok_avg;  /* moving averages: round trip, round trip per batch token (s) */
+    double last_tick;             /* monotonic time of the previous stats poll */
     double rtt_sum;               /* launch -> result, summed over batches */
     uint64_t rtt_n;
     /* the last BATCH_KEEP round trips [launch, result) in CLOCK_MONOTONIC
@@ -275,6 +302,8 @@ static void pump(evutil_socket_t fd, short what, void *arg) {
             if (!c->inflight[i]) {
                 c->inflight[i] = b;
                 c->launched_ns[i] = t_launch;
+                c->launched_tokens[i] = b->n_tokens;
+                c->overdue_warned[i] = false;
                 break;
             }
     }
@@ -397,8 +426,9 @@ static void on_batch_result(cluster *c, uint64_t batch_id, frame_result **res, s
     for (int i = 0; i < c->max_inflight; i++)
         if (c->inflight[i] && c->inflight[i]->id == batch_id) slot = i;
     if (slot < 0) {
-        ST_WARN("cluster: result for batch %llu, which is not in flight; dropped",
-                (unsigned long long)batch_id);
+        if (c->lost) g_fenced_frames++;
+        ST_WARN("cluster: result for batch %llu, which is not in flight%s; dropped",
+                (unsigned long long)batch_id, c->lost ? " (epoch lost: fenced)" : "");
         return;
     }
     const sched_batch *b = c->inflight[slot];
@@ -430,7 +460,11 @@ static void on_batch_result(cluster *c, uint64_t batch_id, frame_result **res, s
     st_err err = {{0}};
     c->inflight[slot] = NULL;
     uint64_t t_done = st_now_ns();
-    c->rtt_sum += (double)(t_done - c->launched_ns[slot]) * 1e-9;
+    double rtt = (double)(t_done - c->launched_ns[slot]) * 1e-9;
+    double rtt_tok = rtt / (c->launched_tokens[slot] > 0 ? c->launched_tokens[slot] : 1);
+    c->rtt_avg = c->rtt_n ? c->rtt_avg + RTT_EWMA_ALPHA * (rtt - c->rtt_avg) : rtt;
+    c->rtt_tok_avg = c->rtt_n ? c->rtt_tok_avg + RTT_EWMA_ALPHA * (rtt_tok - c->rtt_tok_avg) : rtt_tok;
+    c->rtt_sum += rtt;
     if (c->bat) {
         c->bat[c->rtt_n % BATCH_KEEP][0] = c->launched_ns[slot];
         c->bat[c->rtt_n % BATCH_KEEP][1] = t_done;
@@ -518,13 +552,22 @@ static void all_ready(cluster *c) {
                        .eos_id = -1}; /* end of generation is decided here (tok_is_eog, ignore_eos) */
     c->inflight = calloc((size_t)c->max_inflight, sizeof *c->inflight);
     c->launched_ns = calloc((size_t)c->max_inflight, sizeof *c->launched_ns);
+    c->launched_tokens = calloc((size_t)c->max_inflight, sizeof *c->launched_tokens);
+    c->overdue_warned = calloc((size_t)c->max_inflight, sizeof *c->overdue_warned);
     if (!c->bat) c->bat = calloc(BATCH_KEEP, sizeof *c->bat);
     if (c->kv) c->s = sched_create(&sc, c->kv, &err);
-    if (!c->kv || !c->s || !c->inflight || !c->launched_ns || !c->bat) {
+    if (!c->kv || !c->s || !c->inflight || !c->launched_ns || !c->launched_tokens ||
+        !c->overdue_warned || !c->bat) {
         fatal(c, "cannot start the scheduler: %s", err.msg[0] ? err.msg : "out of memory");
         return;
     }
     c->ready = true;
+    double t_ready = st_now_s();
+    c->last_tick = t_ready;
+    for (int i = 0; i < c->n_stages; i++) {
+        if (!c->links[i].have_stats) c->links[i].stats_at = t_ready;
+        c->links[i].fwd_moved_at = t_ready;
+    }
     if (c->deadline_ev) event_del(c->deadline_ev);
     struct timeval tv = {0, (int)(STATS_PERIOD_S * 1e6)};
     event_add(c->stats_ev, &tv);
@@ -583,6 +626,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         l->bytes_sent = s->bytes_sent;
         l->frames_sent = s->frames_sent;
         l->stats_at = st_now_s();
+        if (!l->have_stats || s->forwards != l->forwards) l->fwd_moved_at = l->stats_at;
         if (s->worker_name && s->worker_name[0])
             snprintf(l->worker_name, sizeof l->worker_name, "%s", s->worker_name);
         l->have_stats = true;
@@ -605,14 +649,18 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
     case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_DONE:
         if (l->index == c->n_stages - 1 && m->batch_done->epoch == c->epoch)
             on_batch_result(c, m->batch_done->batch_id, NULL, 0, NULL);
+        else if (m->batch_done->epoch != c->epoch)
+            g_fenced_frames++;
         break;
     case STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_ERROR: {
         char msg[ST_ERR_MSG_MAX];
         snprintf(msg, sizeof msg, "stage %u failed the batch: %s", m->batch_error->stage,
                  m->batch_error->error ? m->batch_error->error : "");
         ST_WARN("cluster: batch %llu: %s", (unsigned long long)m->batch_error->batch_id, msg);
-        if (m->batch_error->epoch != c->epoch || c->lost)
+        if (m->batch_error->epoch != c->epoch || c->lost) {
+            g_fenced_frames++;
             break;
+        }
         if (c->on_lost && c->s)
             hold_failed_batch(c, m->batch_error->batch_id, msg);
         else
@@ -637,31 +685,40 @@ static void x_on_connect(xport_peer *peer, bool inbound, void *ud) {
     if (l->state == LINK_DOWN) send_assign(c, l);
 }
 
+/* Stage l of the ready cluster is lost (its connection dropped, or it hung:
+ * check_overdue): the batches in flight are aborted, then hold mode calls
+ * on_lost, the static mode fails every request. */
+static void stage_lost(cluster *c, stage_link *l, const char *msg) {
+    c->lost = true;
+    snprintf(c->lost_msg, sizeof c->lost_msg, "%s", msg);
+    if (c->on_lost)
+        ST_ERROR("cluster: %s (epoch %d); %d request(s) held for recovery", c->lost_msg,
+                 (int)c->epoch, cluster_n_requests(c));
+    else
+        ST_ERROR("cluster: %s; serving stops (restart the coordinator)", c->lost_msg);
+    l->state = LINK_LOST;
+    for (int i = 0; i < c->max_inflight; i++) {
+        if (!c->inflight[i]) continue;
+        st_err err = {{0}};
+        sched_abort_batch(c->s, c->inflight[i]->id, &err);
+        c->inflight[i] = NULL;
+    }
+    if (c->on_lost)
+        c->on_lost(c->ud, l->index, c->lost_msg);
+    else
+        fail_all(c, c->lost_msg);
+}
+
 static void x_on_disconnect(xport_peer *peer, const char *reason, void *ud) {
     cluster *c = ud;
     stage_link *l = xport_peer_user(peer);
     if (!l || l->peer != peer) return;
     l->peer = NULL;
     if (c->ready && !c->lost) {
-        c->lost = true;
-        snprintf(c->lost_msg, sizeof c->lost_msg, "stage %d at %s:%d was lost (%s)", l->index,
-                 l->host, l->port, reason ? reason : "?");
-        if (c->on_lost)
-            ST_ERROR("cluster: %s (epoch %d); %d request(s) held for recovery", c->lost_msg,
-                     (int)c->epoch, cluster_n_requests(c));
-        else
-            ST_ERROR("cluster: %s; serving stops (restart the coordinator)", c->lost_msg);
-        l->state = LINK_LOST;
-        for (int i = 0; i < c->max_inflight; i++) {
-            if (!c->inflight[i]) continue;
-            st_err err = {{0}};
-            sched_abort_batch(c->s, c->inflight[i]->id, &err);
-            c->inflight[i] = NULL;
-        }
-        if (c->on_lost)
-            c->on_lost(c->ud, l->index, c->lost_msg);
-        else
-            fail_all(c, c->lost_msg);
+        char msg[ST_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "stage %d at %s:%d was lost (%s)", l->index, l->host, l->port,
+                 reason ? reason : "?");
+        stage_lost(c, l, msg);
         return;
     }
     if (c->failed || c->ready) return;
@@ -681,6 +738,7 @@ static void x_on_frame(xport_peer *peer, const frame_header *h, const void *payl
     case STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL: on_control(c, l, h); break;
     case STRATA__V1__FRAME_KIND__FRAME_KIND_TOKENS:
         if (l->index != c->n_stages - 1 || h->epoch != c->epoch) {
+            if (h->epoch != c->epoch) g_fenced_frames++;
             ST_WARN("cluster: TOKENS from stage %d (epoch %llu); dropped", l->index,
                     (unsigned long long)h->epoch);
             break;
@@ -723,9 +781,92 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     }
 }
 
+/* The bound of the batch in inflight slot i (HANG_* above), in seconds. */
+static double batch_bound(const cluster *c, int i) {
+    if (c->rtt_n == 0) return HANG_COLD_S > HANG_FLOOR_S ? HANG_COLD_S : HANG_FLOOR_S;
+    double expect = c->rtt_tok_avg * (double)c->launched_tokens[i];
+    if (c->rtt_avg > expect) expect = c->rtt_avg;
+    return HANG_MULT * expect > HANG_FLOOR_S ? HANG_MULT * expect : HANG_FLOOR_S;
+}
+
+/* Which stage holds up a batch overdue by `bound` seconds (now = now):
+ *  1. the stage whose latest StageStats is the oldest, when it is older than
+ *     the bound: it answers no poll (every 100 ms) — a stopped process
+ *     (SIGSTOP), a partition that drops its packets, or a wedged event loop
+ *     (a forward run inline on the loop thread that does not end);
+ *  2. else the first stage with work queued (StageStats.queue_depth counts
+ *     the forward running too) whose `forwards` counter has not moved for
+ *     longer than the bound: its compute thread is wedged while its loop (and
+ *     heartbeat thread) still answer.
+ * NULL when neither holds (the batch is late for another reason: it is only
+ * logged). */
+static stage_link *find_hung(cluster *c, double now, double bound) {
+    stage_link *stale = NULL;
+    for (int i = 0; i < c->n_stages; i++) {
+        stage_link *l = &c->links[i];
+        if (now - l->stats_at > bound && (!stale || l->stats_at < stale->stats_at)) stale = l;
+    }
+    if (stale) return stale;
+    for (int i = 0; i < c->n_stages; i++) {
+        stage_link *l = &c->links[i];
+        if (l->have_stats && l->queue_depth > 0 && now - l->fwd_moved_at > bound) return l;
+    }
+    return NULL;
+}
+
+/* The per-micro-batch deadline: the oldest batch in flight past its bound
+ * (batch_bound) with a hung stage found (find_hung) loses that stage, like a
+ * dropped connection (stage_lost: hold mode recovers, the static mode fails
+ * the requests with the message). Returns whether a stage was lost. */
+static bool check_overdue(cluster *c) {
+    uint64_t now_ns = st_now_ns();
+    double now = st_now_s(), gap = now - c->last_tick;
+    c->last_tick = now;
+    /* This process was held up itself (no poll for a while): the replies
+     * that arrived meanwhile are not read yet; judge at the next poll. */
+    if (gap > HANG_STALL_S) return false;
+    int worst = -1;
+    double worst_over = 0;
+    for (int i = 0; i < c->max_inflight; i++) {
+        if (!c->inflight[i]) continue;
+        double age = (double)(now_ns - c->launched_ns[i]) * 1e-9;
+        double over = age / batch_bound(c, i);
+        if (over > 1.0 && over > worst_over) worst = i, worst_over = over;
+    }
+    if (worst < 0) return false;
+    double age = (double)(now_ns - c->launched_ns[worst]) * 1e-9, bound = batch_bound(c, worst);
+    stage_link *l = find_hung(c, now, bound);
+    if (!l) {
+        if (!c->overdue_warned[worst])
+            ST_WARN("cluster: batch %llu has not come back after %.1f s (bound %.1f s), but every "
+                    "stage answers and computes; waiting",
+                    (unsigned long long)c->inflight[worst]->id, age, bound);
+        c->overdue_warned[worst] = true;
+        return false;
+    }
+    char msg[ST_ERR_MSG_MAX];
+    if (now - l->stats_at > bound)
+        snprintf(msg, sizeof msg,
+                 "stage %d at %s:%d hung (batch %llu not back after %.1f s, bound %.1f s; no "
+                 "stats from the stage for %.1f s)",
+                 l->index, l->host, l->port, (unsigned long long)c->inflight[worst]->id, age, bound,
+                 now - l->stats_at);
+    else
+        snprintf(msg, sizeof msg,
+                 "stage %d at %s:%d hung (batch %llu not back after %.1f s, bound %.1f s; its "
+                 "compute made no progress for %.1f s with %u queued)",
+                 l->index, l->host, l->port, (unsigned long long)c->inflight[worst]->id, age, bound,
+                 now - l->fwd_moved_at, l->queue_depth);
+    /* The connection stays open until the cluster is destroyed (a stopped
+     * peer's late frames carry this epoch: the next one fences them). */
+    stage_lost(c, l, msg);
+    return true;
+}
+
 static void on_stats_timer(evutil_socket_t fd, short what, void *arg) {
     cluster *c = arg;
     if (!c->ready || c->lost) return;
+    if (check_overdue(c)) return;
     for (int i = 0; i < c->n_stages; i++) {
         Strata__V1__StatsRequest q = STRATA__V1__STATS_REQUEST__INIT;
         q.request_id = ++c->stats_req_id;
@@ -869,6 +1010,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->running = st.n_running;
     out->kv_blocks_used = (int)st.blocks_used;
     out->kv_blocks_free = (int)st.blocks_free;
+    out->fenced_frames = g_fenced_frames;
     double now = st_now_s();
     for (int i = 0; i < c->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
         const stage_link *l = &c->links[i];
@@ -973,6 +1115,8 @@ void cluster_destroy(cluster *c) {
     kv_alloc_free(c->kv);
     free(c->inflight);
     free(c->launched_ns);
+    free(c->launched_tokens);
+    free(c->overdue_warned);
     free(c->bat);
     for (int i = 0; c->links && i < c->n_stages; i++) free(c->links[i].fwd);
     free(c->links);

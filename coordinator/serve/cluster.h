@@ -27,6 +27,14 @@
  * lost (then /health answers 503 and new requests 503 until restart; the
  * recovery of a placement is the control plane's business).
  *
+ * Lost stages: its data-plane connection dropped, or it hung: the
+ * per-micro-batch deadline (at every stats poll, a batch in flight past
+ * max(2 s, 20 x its expected round trip) makes the cluster look for the
+ * stage that answers no StatsRequest, or whose compute makes no progress
+ * with work queued; docs/recovery.md). A hung stage is lost the same way.
+ * Results that arrive after their epoch lost a stage, or of another epoch,
+ * are dropped and counted (coord_engine_stats.fenced_frames).
+ *
  * Hold mode (cluster_opts.on_lost set; the live control plane,
  * docs/recovery.md): a lost stage fails no request. The batches in flight
  * are aborted (their sequences keep their positions), on_lost(ud, stage,

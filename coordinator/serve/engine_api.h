@@ -103,6 +103,9 @@ typedef struct coord_engine_stats {
     uint64_t recoveries;        /* stage losses recovered from, or being recovered from */
     uint64_t sequences_resumed; /* requests moved to a new placement after a loss */
     uint64_t tokens_recomputed; /* prompt + generated tokens re-prefilled for them */
+    /* Data-plane frames the coordinator dropped as fenced: results of an
+     * older epoch, or arriving after their epoch lost a stage (cluster.c). */
+    uint64_t fenced_frames;
 } coord_engine_stats;
 
 typedef struct coord_engine_ops {

@@ -24,6 +24,11 @@ MODE
                   count returns to its starting value
   bad-input       each bad request gets its 400; random bytes to a worker's
                   data port leave it serving (the next completion is exact)
+  hang            PP 2: stage 1's worker is SIGSTOPped mid-stream (its
+                  connection stays open); the per-micro-batch deadline finds
+                  it hung: the stream ends with one error event naming it and
+                  [DONE] (static mode: no recovery), /health answers 503; the
+                  stopped worker is SIGCONTed and SIGKILLed by pid at the end
 
 UCX transports: UCX_TLS=tcp unless UCX_TLS is set (as the ib/ tests do).
 Every process is killed in a finally block; every wait is bounded.
@@ -600,6 +605,53 @@ def mode_cancel(args):
         cl.kill()
 
 
+def mode_hang(args):
+    cl = Cluster(args, [{"tp": 1}, {"tp": 1}])
+    victim = None
+    try:
+        cl.start()
+        victim = [p for n, p in cl.procs if n == "worker1"][0]
+        req = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True,
+               "temperature": 0, "stream": True}
+        c = cl.conn(300)
+        c.request("POST", "/v1/completions", body=json.dumps(req).encode(),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        n, errors, done, stopped = 0, [], False, False
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line[6:] == b"[DONE]":
+                done = True
+                break
+            ch = json.loads(line[6:])
+            if "error" in ch:
+                errors.append(ch["error"]["message"])
+                continue
+            n += 1
+            if n == 20 and not stopped:
+                os.kill(victim.pid, signal.SIGSTOP)
+                stopped = True
+        c.close()
+        print("stream: %d chunks, errors %s, [DONE] %s" % (n, errors, done))
+        check(stopped and n < req["max_tokens"], "worker1 stopped mid-stream")
+        check(done and len(errors) == 1 and "stage 1" in errors[0] and "hung" in errors[0],
+              "the stream ends with one error event naming stage 1 hung, then [DONE]")
+        st, _ = cl.get("/health")
+        check(st == 503, "/health answers 503 after the hang (%d)" % st)
+    finally:
+        if victim is not None and victim.poll() is None:
+            os.kill(victim.pid, signal.SIGCONT)
+            os.kill(victim.pid, signal.SIGKILL)
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
 def mode_bad_input(args):
     ref = load_ref(args, "stories260K-greedy.json")[0]
     cl = Cluster(args, [{"tp": 2}, {"tp": 2}])
@@ -702,6 +754,8 @@ def main():
         mode_bad_input(args)
     elif m == "unreachable":
         mode_unreachable(args)
+    elif m == "hang":
+        mode_hang(args)
     else:
         print("unknown mode", m)
         return 2
