@@ -13,7 +13,7 @@
  *
  * Users: the tokenizer (model/tok*.c, the streaming detokenizer tok_stream),
  * the HTTP API's completion text (coordinator/api/completions.c) and the gRPC
- * Generate stream (coordinator/control/control_service.c): the same bytes give the
+ * Generate stream (coordinator/control/generate.c): the same bytes give the
  * same text everywhere.
  */
 #ifndef STRATA_COMMON_UTF8_H

@@ -1,0 +1,131 @@
+/* control_internal.h — what the files of the live control plane
+ * (control_service.h) share: the service's struct, the placement runs, the
+ * engine's requests, and the functions one file calls in another.
+ *   control_service.c  lifetime, the handler table, the serving engine,
+ *                      Register / Heartbeat / GetStatus / ListNodes
+ *   epochs.c           placement runs and epochs: start, switch, release;
+ *                      the periodic tick
+ *   recovery.c         recovery from a lost stage (docs/recovery.md)
+ *   placement_rpc.c    GetPlacement / SetPlacement / AutoPlacement, Drain /
+ *                      Undrain
+ *   generate.c         the Generate stream
+ * Not for use outside coordinator/control/. */
+#ifndef STRATA_COORDINATOR_CONTROL_INTERNAL_H
+#define STRATA_COORDINATOR_CONTROL_INTERNAL_H
+
+#include <event2/event.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "coordinator/control/control_service.h"
+#include "coordinator/control/placement.h"
+#include "coordinator/serve/cluster.h"
+#include "rpc/grpc_loop.h"
+#include "rpc/grpc_server.h"
+
+#define RETIRE_AFTER_S 1.0   /* an old cluster lives on this long after StageRelease */
+#define SWITCH_POLL_US 2000  /* waiting for the old epoch's in-flight batches */
+#define RETRY_START_S 2.0
+#define RECOVERY_TIMEOUT_S 60.0 /* default ctl_opts.recovery_timeout_s */
+
+/* A node whose stage was lost: left out of recovery placements while it
+ * holds the same lease (registering again gives it a new one). */
+typedef struct lost_node {
+    char name[REG_NAME_MAX];
+    uint64_t lease;
+} lost_node;
+
+/* One placement epoch being loaded or served: its cluster and its config. */
+typedef struct run {
+    ctl_service *s;
+    placement pl;
+    coord_config cfg;        /* shallow copy of the live config; stages below */
+    coord_stage_cfg *stages;
+    cluster *cl;
+    uint64_t node_reg[PLACE_NODE_MAX]; /* each stage's node's registrations when assigned */
+    bool ready, failed;
+    char fail_msg[ST_ERR_MSG_MAX];
+    double retire_at;
+    struct run *next;        /* the retired list */
+} run;
+
+/* A request through the engine: which cluster holds it now. */
+typedef struct lreq {
+    struct lreq *prev, *next;
+    ctl_service *s;
+    uint64_t id;             /* the id the HTTP layer / Generate knows */
+    run *r;
+    uint64_t cid;            /* the id in r->cl */
+    coord_sink sink;
+    void *ctx;
+    char request_id[48];     /* coord_request.request_id (the logs' req=), for recovery's log lines */
+} lreq;
+
+typedef struct gen_stream gen_stream; /* generate.c */
+
+struct ctl_service {
+    struct event_base *base;
+    ctl_opts o;
+    char model_file[256];    /* the model's file name: workers resolve it */
+    char model_sha[65];
+    place_model pm;
+    registry reg;
+    placement saved;         /* restored from the state file, not yet serving */
+    uint64_t last_epoch;
+    run *cur, *pend, *from;  /* serving, loading, being switched away from */
+    run *retired;
+    lreq *reqs;
+    uint64_t next_id;
+    gen_stream *streams;
+    rpc_server *srv;
+    rpc_loop *loop;
+    struct event *tick_ev, *switch_ev;
+    double t0, retry_at;
+    /* Recovery (docs/recovery.md): `lost` is the serving run that lost a
+     * stage; it holds its requests until a new placement serves them. */
+    run *lost;
+    double lost_at;
+    bool recovery_expired;   /* recovery_timeout passed: the held requests failed */
+    bool recovery_stuck_logged;
+    char lost_msg[ST_ERR_MSG_MAX];
+    lost_node excl[PLACE_NODE_MAX];
+    int n_excl;
+    uint64_t recoveries, seqs_resumed, tokens_recomputed;
+};
+
+/* control_service.c */
+void ctl_save_state(ctl_service *s);
+int ctl_usable_nodes(ctl_service *s, place_node *out, const char *except);
+int ctl_eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
+                   uint64_t *id_out, st_err *err);
+void ctl_eng_cancel(void *impl, uint64_t id);
+void ctl_reply(rpc_call *c, const ProtobufCMessage *m);
+
+/* epochs.c */
+void ctl_run_free(run *r);
+bool ctl_in_placement(const run *r, const char *node);
+int ctl_change_placement(ctl_service *s, placement *pl, int *code, st_err *err);
+void ctl_try_finish_switch(evutil_socket_t fd, short what, void *arg);
+void ctl_tick(evutil_socket_t fd, short what, void *arg);
+
+/* recovery.c */
+int ctl_held_ids(const ctl_service *s, const run *r, char *buf, size_t cap);
+void ctl_run_on_lost(void *ud, int stage, const char *msg);
+void ctl_recovery_tick(ctl_service *s, double t);
+
+/* placement_rpc.c */
+void ctl_h_get_placement(rpc_call *c, const rpc_request *req, void *ud);
+void ctl_h_set_placement(rpc_call *c, const rpc_request *req, void *ud);
+void ctl_h_auto_placement(rpc_call *c, const rpc_request *req, void *ud);
+void ctl_h_drain(rpc_call *c, const rpc_request *req, void *ud);
+void ctl_h_undrain(rpc_call *c, const rpc_request *req, void *ud);
+
+/* generate.c */
+void ctl_h_generate(rpc_call *c, const rpc_request *req, void *ud);
+/* Ends every open Generate stream (UNAVAILABLE) and cancels its request. */
+void ctl_generate_close_all(ctl_service *s);
+
+#endif
