@@ -75,6 +75,7 @@ static void usage(FILE *f) {
             "  --dead-after-ms N   no heartbeat this long: the node is dead (10000)\n"
             "  --min-workers N     first automatic placement once N workers registered (1)\n"
             "  --recovery-timeout S  after a lost stage, hold requests this long for a new placement\n"
+            "                      (static mode too: for the stage's worker to come back)\n"
             "                      (60; overrides [cluster] recovery_timeout; docs/recovery.md)\n");
 }
 
@@ -243,7 +244,10 @@ static int start_engine(struct event_base *base, const coord_opts *o, coord_conf
                        .ready_timeout_s = o->ready_timeout,
                        .on_fatal = on_fatal,
                        .on_ready = on_ready,
-                       .ud = rs};
+                       .ud = rs,
+                       .recover = true, /* wait for a lost stage's worker (docs/recovery.md) */
+                       .recovery_timeout_s = o->recovery_timeout > 0 ? o->recovery_timeout
+                                                                     : cfg->recovery_timeout_s};
     own->cl = cluster_create(base, &co, err);
     if (!own->cl) {
         fprintf(stderr, "strata-coordinator: %s\n", err->msg);

@@ -131,11 +131,11 @@ coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
     ONE(metrics_gauge(m->reg, "strata_kv_blocks_free", "KV cache blocks free.", NULL, err),
         m->kv_free);
     ONE(metrics_counter(m->reg, "strata_recoveries_total",
-                        "Stage losses the live coordinator recovered from (or is recovering from).",
+                        "Stage losses the coordinator recovered from (or is recovering from).",
                         NULL, err),
         m->recoveries);
     ONE(metrics_counter(m->reg, "strata_sequences_resumed_total",
-                        "Requests resumed on a new placement after a stage loss.", NULL, err),
+                        "Requests resumed after a stage loss.", NULL, err),
         m->resumed);
     ONE(metrics_counter(m->reg, "strata_tokens_recomputed_total",
                         "Prompt and generated tokens re-prefilled to resume requests after a stage loss.",

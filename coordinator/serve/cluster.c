@@ -118,6 +118,17 @@ struct cluster {
     void (*on_ready)(void *);
     void (*on_lost)(void *, int, const char *); /* hold mode (cluster.h) */
     void *ud;
+    /* Static recovery (cluster_opts.recover, cluster.h): a lost stage's
+     * worker is reconnected and re-assigned, then the held requests resume
+     * here by re-prefilling. */
+    bool recover;
+    double recovery_timeout_s;
+    bool recovering;        /* a stage was lost; waiting for it (c->lost too) */
+    bool recovery_expired;  /* recovery_timeout passed: the held requests failed */
+    bool reassigned;        /* every stage was sent StageAssign again after the loss */
+    double lost_at;         /* monotonic time of the loss */
+    struct event *recov_ev; /* recovery_timeout */
+    uint64_t n_recoveries, n_resumed, n_recomputed; /* coord_engine_stats */
     struct event *resume_ev; /* hold mode: the pause after a BatchError ends */
     bool retry_pause;        /* hold mode: no launches until resume_ev */
     bool ready, failed, lost;
@@ -576,6 +587,159 @@ static void all_ready(cluster *c) {
     if (c->on_ready) c->on_ready(c->ud);
 }
 
+/* ---- static recovery (cluster_opts.recover, docs/recovery.md) ----------- */
+
+static void on_stats_timer(evutil_socket_t fd, short what, void *arg);
+
+/* "[cmpl-a, cmpl-b, ...]": the held requests' ids (#seq without one) into buf. */
+static const char *held_ids(const cluster *c, char *buf, size_t cap) {
+    size_t n = 0;
+    int k = 0;
+    buf[0] = '\0';
+    n += (size_t)snprintf(buf + n, cap - n, "[");
+    for (const creq *r = c->reqs; r && n + 1 < cap; r = r->next, k++) {
+        if (k == 8) {
+            n += (size_t)snprintf(buf + n, cap - n, ", ...");
+            break;
+        }
+        if (r->req.request_id[0])
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", k ? ", " : "", r->req.request_id);
+        else
+            n += (size_t)snprintf(buf + n, cap - n, "%s#%llu", k ? ", " : "",
+                                  (unsigned long long)r->id);
+    }
+    if (n + 1 < cap) snprintf(buf + n, cap - n, "]");
+    return buf;
+}
+
+/* Closes l's connection (if any) and reconnects it from connect_missing. */
+static void relink(cluster *c, stage_link *l) {
+    if (l->peer) {
+        xport_peer *p = l->peer;
+        l->peer = NULL; /* its on_disconnect is then ignored */
+        xport_peer_close(p);
+    }
+    l->state = LINK_LOST;
+    c->reassigned = false;
+    struct timeval tv = {0, (int)(RETRY_S * 1e6)};
+    event_add(c->retry_ev, &tv);
+}
+
+/* Stage l was lost (stage_lost aborted the batches in flight): hold every
+ * request, reconnect l's worker (a hung one's connection is closed first),
+ * and fail the held requests if it is not back within recovery_timeout. */
+static void recovery_start(cluster *c, stage_link *l) {
+    char ids[512];
+    c->recovering = true;
+    c->recovery_expired = false;
+    c->lost_at = st_now_s();
+    c->n_recoveries++;
+    ST_ERROR("cluster: recovery: %s; holding %d request(s) %s; reconnecting to %s:%d (requests "
+             "wait up to %.0f s, recovery_timeout)",
+             c->lost_msg, cluster_n_requests(c), held_ids(c, ids, sizeof ids), l->host, l->port,
+             c->recovery_timeout_s);
+    relink(c, l);
+    double t = c->recovery_timeout_s;
+    struct timeval tv = {(time_t)t, (int)((t - (double)(time_t)t) * 1e6)};
+    event_add(c->recov_ev, &tv);
+}
+
+static void on_recovery_timeout(evutil_socket_t fd, short what, void *arg) {
+    cluster *c = arg;
+    if (!c->recovering || c->recovery_expired) return;
+    c->recovery_expired = true;
+    char ids[512], msg[ST_ERR_MSG_MAX + 128];
+    snprintf(msg, sizeof msg, "the cluster could not recover within %.0f s (recovery_timeout) from: %s",
+             c->recovery_timeout_s, c->lost_msg);
+    ST_ERROR("cluster: recovery: %s; failing %d request(s) %s; still waiting for the stage "
+             "(/health stays 503)", msg, cluster_n_requests(c), held_ids(c, ids, sizeof ids));
+    fail_all(c, msg);
+    size_t n = strlen(msg) < sizeof c->lost_msg - 1 ? strlen(msg) : sizeof c->lost_msg - 1;
+    memcpy(c->lost_msg, msg, n);
+    c->lost_msg[n] = '\0';
+}
+
+/* Every stage is ready again: resume. The KV cache of the held sequences is
+ * given up everywhere: each is cancelled in the scheduler (its blocks go back
+ * to the pool; the workers keep no per-sequence state, the block table
+ * travels with every batch, so blocks reused later are simply overwritten)
+ * and added again with its prompt plus the tokens generated so far, with the
+ * same sink, seed and step (greedy and seeded output are unchanged). */
+static void recovery_resume(cluster *c) {
+    double t = st_now_s();
+    creq *held = c->reqs;
+    c->reqs = NULL;
+    for (creq *r = held; r; r = r->next) sched_cancel(c->s, r->id);
+    int n_ok = 0;
+    int64_t n_tok = 0;
+    while (held) {
+        creq *r = held;
+        held = r->next;
+        r->prev = r->next = NULL;
+        int max_new = r->req.max_tokens;
+        if (r->req.max_tokens_auto && (int64_t)r->n_prompt + max_new > c->n_ctx)
+            max_new = c->n_ctx - r->n_prompt;
+        int n = r->n_prompt + r->n_gen, left = max_new - r->n_gen;
+        int32_t *all = malloc(sizeof *all * (size_t)(n ? n : 1));
+        st_err err = {{0}};
+        int rc = -1;
+        if (all && left >= 1) {
+            memcpy(all, r->prompt, sizeof *all * (size_t)r->n_prompt);
+            if (r->n_gen) memcpy(all + r->n_prompt, r->gen, sizeof *all * (size_t)r->n_gen);
+            rc = sched_add(c->s, all, n, left, r, &r->id, &err);
+        }
+        free(all);
+        if (rc != 0) {
+            r->in_cb = true;
+            r->sink.on_finish(r->ctx, COORD_FINISH_ERROR,
+                              err.msg[0] ? err.msg : "cannot resume the sequence after recovery");
+            creq_free(r);
+            continue;
+        }
+        r->n_failed = 0;
+        r->next = c->reqs;
+        if (c->reqs) c->reqs->prev = r;
+        c->reqs = r;
+        n_ok++;
+        n_tok += n;
+    }
+    c->n_resumed += (uint64_t)n_ok;
+    c->n_recomputed += (uint64_t)n_tok;
+    char ids[512];
+    ST_INFO("cluster: recovery: every stage is ready again %.2f s after the loss (%s); resumed %d "
+            "request(s) %s by re-prefilling %lld token(s)",
+            t - c->lost_at, c->lost_msg, n_ok, held_ids(c, ids, sizeof ids), (long long)n_tok);
+    event_del(c->recov_ev);
+    c->recovering = c->recovery_expired = c->reassigned = false;
+    c->lost = false;
+    c->lost_msg[0] = '\0';
+    c->retry_pause = false;
+    event_del(c->resume_ev);
+    /* The hang detection starts afresh: no stage is stale now. */
+    c->last_tick = t;
+    for (int i = 0; i < c->n_stages; i++) c->links[i].stats_at = c->links[i].fwd_moved_at = t;
+    struct timeval tv = {0, (int)(STATS_PERIOD_S * 1e6)};
+    event_add(c->stats_ev, &tv);
+    pump_soon(c);
+}
+
+/* During a recovery every stage is READY: the first time, the returned
+ * stage(s) are loaded, and every stage is sent its StageAssign again (the
+ * survivors answer at once, "already loaded", and their next hop is
+ * reconnected now rather than after its back-off); the second time, resume. */
+static void recovery_step(cluster *c) {
+    if (c->reassigned) {
+        recovery_resume(c);
+        return;
+    }
+    c->reassigned = true;
+    for (int i = 0; i < c->n_stages; i++) {
+        stage_link *l = &c->links[i];
+        if (!l->peer) continue;
+        send_assign(c, l);
+    }
+}
+
 static void on_control(cluster *c, stage_link *l, const frame_header *h) {
     ctl_msg *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
     if (!m) {
@@ -589,6 +753,13 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         if (r->epoch != c->epoch || r->stage != (uint32_t)l->index) {
             ST_WARN("cluster: StageReady for epoch %llu stage %u from %s:%d; dropped",
                     (unsigned long long)r->epoch, r->stage, l->host, l->port);
+            break;
+        }
+        if (!r->ok && c->recovering) {
+            /* Static recovery: the returning worker could not load; try again. */
+            ST_WARN("cluster: stage %d at %s:%d failed to load while recovering: %s; retrying",
+                    l->index, l->host, l->port, r->error && r->error[0] ? r->error : "(no reason)");
+            relink(c, l);
             break;
         }
         if (!r->ok) {
@@ -605,6 +776,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         int n_ready = 0;
         for (int i = 0; i < c->n_stages; i++) n_ready += c->links[i].state == LINK_READY;
         if (n_ready == c->n_stages && !c->ready && !c->failed) all_ready(c);
+        else if (n_ready == c->n_stages && c->recovering) recovery_step(c);
         break;
     }
     case STRATA__V1__CONTROL_MESSAGE__MSG_STATS: {
@@ -661,7 +833,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
             g_fenced_frames++;
             break;
         }
-        if (c->on_lost && c->s)
+        if ((c->on_lost || c->recover) && c->s)
             hold_failed_batch(c, m->batch_error->batch_id, msg);
         else
             on_batch_result(c, m->batch_error->batch_id, NULL, 0, msg);
@@ -682,7 +854,12 @@ static void x_on_connect(xport_peer *peer, bool inbound, void *ud) {
         xport_peer_close(peer);
         return;
     }
-    if (l->state == LINK_DOWN) send_assign(c, l);
+    if (l->state == LINK_DOWN || (c->recovering && l->state == LINK_LOST)) {
+        if (c->recovering)
+            ST_INFO("cluster: stage %d's worker %s:%d is reachable again; re-assigning its stage",
+                    l->index, l->host, l->port);
+        send_assign(c, l);
+    }
 }
 
 /* Stage l of the ready cluster is lost (its connection dropped, or it hung:
@@ -694,7 +871,7 @@ static void stage_lost(cluster *c, stage_link *l, const char *msg) {
     if (c->on_lost)
         ST_ERROR("cluster: %s (epoch %d); %d request(s) held for recovery", c->lost_msg,
                  (int)c->epoch, cluster_n_requests(c));
-    else
+    else if (!c->recover)
         ST_ERROR("cluster: %s; serving stops (restart the coordinator)", c->lost_msg);
     l->state = LINK_LOST;
     for (int i = 0; i < c->max_inflight; i++) {
@@ -705,6 +882,8 @@ static void stage_lost(cluster *c, stage_link *l, const char *msg) {
     }
     if (c->on_lost)
         c->on_lost(c->ud, l->index, c->lost_msg);
+    else if (c->recover)
+        recovery_start(c, l);
     else
         fail_all(c, c->lost_msg);
 }
@@ -719,6 +898,15 @@ static void x_on_disconnect(xport_peer *peer, const char *reason, void *ud) {
         snprintf(msg, sizeof msg, "stage %d at %s:%d was lost (%s)", l->index, l->host, l->port,
                  reason ? reason : "?");
         stage_lost(c, l, msg);
+        return;
+    }
+    if (c->recovering) { /* a reconnect attempt failed, or another stage dropped meanwhile */
+        ST_DEBUG("cluster: stage %d at %s:%d not reachable (%s); retrying", l->index, l->host,
+                 l->port, reason ? reason : "?");
+        if (l->state != LINK_LOST) c->reassigned = false;
+        l->state = LINK_LOST;
+        struct timeval tv = {0, (int)(RETRY_S * 1e6)};
+        event_add(c->retry_ev, &tv);
         return;
     }
     if (c->failed || c->ready) return;
@@ -752,7 +940,7 @@ static void x_on_frame(xport_peer *peer, const frame_header *h, const void *payl
 
 static void connect_missing(evutil_socket_t fd, short what, void *arg) {
     cluster *c = arg;
-    if (c->failed || c->ready) return;
+    if (c->failed || (c->ready && !c->recovering)) return;
     for (int i = 0; i < c->n_stages; i++) {
         stage_link *l = &c->links[i];
         if (l->peer) continue;
@@ -886,7 +1074,8 @@ static void on_stats_timer(evutil_socket_t fd, short what, void *arg) {
 static int eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                       uint64_t *id_out, st_err *err) {
     cluster *c = impl;
-    if (c->lost && !c->on_lost) return st_errf(err, "%s", c->lost_msg), COORD_EUNAVAIL;
+    if (c->lost && !c->on_lost && !(c->recovering && !c->recovery_expired))
+        return st_errf(err, "%s", c->lost_msg), COORD_EUNAVAIL;
     if (!c->ready) return st_errf(err, "the cluster is not ready (stages are loading)"), COORD_EUNAVAIL;
     if (!req->prompt || req->n_prompt < 1) return st_errf(err, "the prompt has no tokens"), COORD_EINVAL;
     creq *r = calloc(1, sizeof *r);
@@ -941,6 +1130,9 @@ static void eng_cancel(void *impl, uint64_t id) {
 
 static int eng_health(void *impl, st_err *err) {
     cluster *c = impl;
+    if (c->recovering && !c->recovery_expired)
+        return st_errf(err, "recovering from: %s (requests are held until recovery_timeout)",
+                       c->lost_msg);
     if (c->lost) return st_errf(err, "%s", c->lost_msg);
     if (c->failed) return st_errf(err, "the cluster failed to start");
     if (!c->ready) {
@@ -1011,6 +1203,9 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->kv_blocks_used = (int)st.blocks_used;
     out->kv_blocks_free = (int)st.blocks_free;
     out->fenced_frames = g_fenced_frames;
+    out->recoveries = c->n_recoveries;
+    out->sequences_resumed = c->n_resumed;
+    out->tokens_recomputed = c->n_recomputed;
     double now = st_now_s();
     for (int i = 0; i < c->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
         const stage_link *l = &c->links[i];
@@ -1051,6 +1246,8 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
     c->on_fatal = o->on_fatal;
     c->on_ready = o->on_ready;
     c->on_lost = o->on_lost;
+    c->recover = o->recover && !o->on_lost;
+    c->recovery_timeout_s = o->recovery_timeout_s > 0 ? o->recovery_timeout_s : 60.0;
     c->epoch = o->epoch ? o->epoch : 1;
     c->keep_loaded = o->keep_loaded;
     c->ud = o->ud;
@@ -1082,7 +1279,9 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
     c->pump_ev = event_new(base, -1, 0, pump, c);
     c->stats_ev = evtimer_new(base, on_stats_timer, c);
     c->resume_ev = evtimer_new(base, on_resume, c);
-    if (!c->retry_ev || !c->deadline_ev || !c->pump_ev || !c->stats_ev || !c->resume_ev) {
+    c->recov_ev = evtimer_new(base, on_recovery_timeout, c);
+    if (!c->retry_ev || !c->deadline_ev || !c->pump_ev || !c->stats_ev || !c->resume_ev ||
+        !c->recov_ev) {
         st_errf(err, "cluster: cannot create events");
         goto fail;
     }
@@ -1111,6 +1310,7 @@ void cluster_destroy(cluster *c) {
     if (c->pump_ev) event_free(c->pump_ev);
     if (c->stats_ev) event_free(c->stats_ev);
     if (c->resume_ev) event_free(c->resume_ev);
+    if (c->recov_ev) event_free(c->recov_ev);
     sched_destroy(c->s);
     kv_alloc_free(c->kv);
     free(c->inflight);

@@ -24,8 +24,9 @@
  * sink. A sequence ends on an end-of-generation token (unless the request
  * has ignore_eos), at max_tokens or at the context (finish LENGTH), or with
  * ERROR when its batch failed at a stage (CONTROL BatchError) or a stage was
- * lost (then /health answers 503 and new requests 503 until restart; the
- * recovery of a placement is the control plane's business).
+ * lost (then /health answers 503 and new requests 503 until restart), unless
+ * hold mode (the live control plane re-places) or static recovery
+ * (cluster_opts.recover: the same workers come back) holds them.
  *
  * Lost stages: its data-plane connection dropped, or it hung: the
  * per-micro-batch deadline (at every stats poll, a batch in flight past
@@ -104,6 +105,18 @@ typedef struct cluster_opts {
      * callback: do not destroy the cluster there) when a stage of the ready
      * cluster is lost. NULL: the requests fail (the static coordinator). */
     void (*on_lost)(void *ud, int stage, const char *message);
+    /* Static recovery (the static coordinator; ignored with on_lost): a lost
+     * stage's requests are held (as in hold mode), its worker address is
+     * reconnected every 0.25 s, and once it answers, its StageAssign is sent
+     * again (then every stage's, so the survivors reconnect their next hop);
+     * when all are ready, every held request resumes in this cluster by
+     * re-prefilling prompt + generated tokens (the old KV blocks are freed).
+     * After recovery_timeout_s (<= 0: 60 s) the held requests end with ERROR
+     * ("the cluster could not recover within N s (recovery_timeout) from:
+     * ..."), new ones get 503, and serving resumes when the stage is back.
+     * /health answers 503 until then. docs/recovery.md. */
+    bool recover;
+    double recovery_timeout_s;
 } cluster_opts;
 
 /* Creates the transport and starts connecting. NULL + err when the

@@ -99,7 +99,7 @@ typedef struct coord_engine_stats {
      * "serving", "lost". The live control plane's: "registered", "ready",
      * "serving", "suspect", "dead", "draining". */
     const char *const *worker_states;
-    /* Recovery (live mode, docs/recovery.md): cumulative counts. */
+    /* Recovery (live and static modes, docs/recovery.md): cumulative counts. */
     uint64_t recoveries;        /* stage losses recovered from, or being recovered from */
     uint64_t sequences_resumed; /* requests moved to a new placement after a loss */
     uint64_t tokens_recomputed; /* prompt + generated tokens re-prefilled for them */

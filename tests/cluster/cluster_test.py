@@ -26,9 +26,19 @@ MODE
                   data port leave it serving (the next completion is exact)
   hang            PP 2: stage 1's worker is SIGSTOPped mid-stream (its
                   connection stays open); the per-micro-batch deadline finds
-                  it hung: the stream ends with one error event naming it and
-                  [DONE] (static mode: no recovery), /health answers 503; the
+                  it hung; the static recovery waits for it (--recovery-timeout
+                  3), it never comes back: the stream ends with one error event
+                  naming stage 1 hung and [DONE], /health answers 503; the
                   stopped worker is SIGCONTed and SIGKILLed by pid at the end
+  restart         static recovery, PP 2: 5 greedy SSE streams of 200 tokens;
+                  stage 1's worker is SIGKILLed at 20 tokens and restarted on
+                  its port; every stream ends with [DONE], no error event, and
+                  the tokens of a no-failure run; the log names the held and
+                  resumed requests; /health 200 and exact output afterwards
+  stop-resume     the same, but stage 1's worker is SIGSTOPped (found hung by
+                  the per-micro-batch deadline) and SIGCONTed once the
+                  coordinator logged the hold: its connection is closed and
+                  re-made, the stage re-assigned
 
 UCX transports: UCX_TLS=tcp unless UCX_TLS is set (as the ib/ tests do).
 Every process is killed in a finally block; every wait is bounded.
@@ -68,8 +78,9 @@ class Cluster:
     """Workers + coordinator. stages: list of dicts {tp, host, netns}."""
 
     def __init__(self, args, stages, partition=None, extra_cfg="", threads_per_rank=1,
-                 model=None):
+                 model=None, coord_args=()):
         self.args = args
+        self.coord_args = list(coord_args)
         self.stages = stages
         self.partition = partition
         self.extra_cfg = extra_cfg
@@ -89,6 +100,7 @@ class Cluster:
             cfg.append("partition = %s" % self.partition)
         cfg.append(self.extra_cfg)
         self.worker_addrs = []
+        self.worker_cmds = []
         for i, st in enumerate(self.stages):
             host = st.get("host", "127.0.0.1")
             port = free_port("127.0.0.1")
@@ -97,6 +109,7 @@ class Cluster:
                    "--threads", str(st["tp"] * self.threads_per_rank), "--name", "w%d" % i]
             if st.get("netns"):
                 cmd = ["ip", "netns", "exec", st["netns"]] + cmd
+            self.worker_cmds.append(cmd)
             log = open(os.path.join(self.tmp, "worker%d.log" % i), "w")
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             self.procs.append(("worker%d" % i, p))
@@ -108,7 +121,8 @@ class Cluster:
         self.co_out = os.path.join(self.tmp, "coordinator.out")
         self.co_log = os.path.join(self.tmp, "coordinator.log")
         p = subprocess.Popen([self.args.coordinator, "--config", path, "--listen",
-                              "127.0.0.1:%d" % self.http_port, "--ready-timeout", str(timeout)],
+                              "127.0.0.1:%d" % self.http_port, "--ready-timeout", str(timeout)]
+                             + self.coord_args,
                              stdout=open(self.co_out, "w"), stderr=open(self.co_log, "w"), env=env)
         self.procs.append(("coordinator", p))
         self.coordinator = p
@@ -125,6 +139,15 @@ class Cluster:
             time.sleep(0.1)
         self.dump_logs()
         raise RuntimeError("the cluster did not become healthy")
+
+    def restart_worker(self, i):
+        """Starts worker i again with its command (same address); replaces it in procs."""
+        log = open(os.path.join(self.tmp, "worker%d.log" % i), "a")
+        p = subprocess.Popen(self.worker_cmds[i], stdout=log, stderr=subprocess.STDOUT,
+                             env=self.env)
+        self.procs = [(n, q) for n, q in self.procs if n != "worker%d" % i]
+        self.procs.insert(0, ("worker%d" % i, p))
+        return p
 
     def dump_logs(self):
         for name in sorted(os.listdir(self.tmp)):
@@ -606,7 +629,9 @@ def mode_cancel(args):
 
 
 def mode_hang(args):
-    cl = Cluster(args, [{"tp": 1}, {"tp": 1}])
+    # Static recovery holds the stream while waiting for the stopped worker;
+    # it never comes back, so the stream ends with the error after 3 s.
+    cl = Cluster(args, [{"tp": 1}, {"tp": 1}], coord_args=["--recovery-timeout", "3"])
     victim = None
     try:
         cl.start()
@@ -647,6 +672,144 @@ def mode_hang(args):
         if victim is not None and victim.poll() is None:
             os.kill(victim.pid, signal.SIGCONT)
             os.kill(victim.pid, signal.SIGKILL)
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def sse(cl, prompt, n, on_chunk=None):
+    """One greedy SSE completion (ignore_eos): (saw [DONE], token ids, error messages)."""
+    c = cl.conn(300)
+    try:
+        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                "stream": True, "return_token_ids": True}
+        c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            return False, [], ["HTTP %d: %s" % (r.status, r.read()[:300])]
+        ids, errors, done = [], [], False
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line[6:] == b"[DONE]":
+                done = True
+                break
+            ch = json.loads(line[6:])
+            if "error" in ch:
+                errors.append(ch["error"].get("message", str(ch["error"])))
+                continue
+            ids += ch["choices"][0].get("token_ids", [])
+            if on_chunk:
+                on_chunk(len(ids))
+        return done, ids, errors
+    finally:
+        c.close()
+
+
+def sse_streams(cl, prompts, n, on_progress=None):
+    progress = [0] * len(prompts)
+    out = [None] * len(prompts)
+
+    def run(i):
+        def chunk(k):
+            progress[i] = k
+            if on_progress:
+                on_progress(progress)
+        try:
+            out[i] = sse(cl, prompts[i], n, chunk)
+        except Exception as e:  # noqa: BLE001 - reported as a failure
+            out[i] = (False, [], ["exception: %r" % e])
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(600)
+    return out
+
+
+def mode_restart(args, stop=False):
+    """Static recovery: PP 2, 5 greedy SSE streams of 200 tokens; the worker of
+    stage 1 is SIGKILLed once every stream has 20 tokens and started again on
+    its port (stop: SIGSTOPped, and SIGCONTed once the coordinator logged the
+    hold, i.e. found it hung; at most 60 s later); every stream ends
+    with [DONE], no error event, and the tokens of a run with no failure."""
+    n_tok, kill_at = 200, 20
+    stopped = []
+    prompts = [r["prompt"] for r in load_ref(args, "stories260K-greedy.json")[:5]]
+    cl = Cluster(args, [{"tp": 1}, {"tp": 1}], coord_args=["--recovery-timeout", "120"])
+    try:
+        cl.start()
+        base = sse_streams(cl, prompts, n_tok)
+        check(all(o[0] and not o[2] and len(o[1]) == n_tok for o in base),
+              "no-failure run: %d streams of %d tokens, [DONE], no error event"
+              % (len(prompts), n_tok))
+        base = [o[1] for o in base]
+        lock = threading.Lock()
+        at = []
+
+        def on_progress(progress):
+            with lock:
+                if not at and min(progress) >= kill_at:
+                    victim = [p for n, p in cl.procs if n == "worker1"][0]
+                    if stop:
+                        os.kill(victim.pid, signal.SIGSTOP)
+                        stopped.append(victim)
+
+                        def cont():
+                            deadline = time.time() + 60
+                            while time.time() < deadline:
+                                with open(cl.co_log, errors="replace") as f:
+                                    if any("recovery:" in l and "holding" in l for l in f):
+                                        break
+                                time.sleep(0.1)
+                            os.kill(victim.pid, signal.SIGCONT)
+                        t = threading.Thread(target=cont)
+                        t.start()
+                        stopped.append(t)
+                    else:
+                        victim.kill()
+                        victim.wait(30)
+                        cl.restart_worker(1)
+                    at.append(list(progress))
+        out = sse_streams(cl, prompts, n_tok, on_progress)
+        print("worker1 %s with the streams at %s tokens"
+              % ("stopped until found hung" if stop else "killed and restarted",
+                 at[0] if at else "-"),
+              flush=True)
+        check(bool(at) and max(at[0]) < n_tok, "worker1 %s mid-stream" % ("stopped" if stop else "killed"))
+        for i, (o, b) in enumerate(zip(out, base)):
+            done, ids, errs = o
+            good = done and not errs and ids == b
+            if not good:
+                first = next((k for k in range(min(len(ids), len(b))) if ids[k] != b[k]), None)
+                print("  stream %d: done=%s errors=%s %d tokens, first difference at %s"
+                      % (i, done, errs[:2], len(ids), first))
+            check(good, "stream %d ends with [DONE], no error event, the no-failure tokens" % i)
+        with open(cl.co_log, errors="replace") as f:
+            steps = [l.rstrip() for l in f if "recovery:" in l]
+        print("\n".join(steps))
+        if stop:
+            stopped[1].join(70)
+            check(any("stage 1" in l and "hung" in l and "holding" in l for l in steps),
+                  "the loss is the per-batch deadline's (stage 1 hung)")
+        check(any("stage 1" in l and "holding" in l for l in steps) and
+              any("resumed %d request(s)" % len(prompts) in l for l in steps),
+              "the coordinator logs the hold and the resume with the request ids")
+        st, _ = cl.get("/health")
+        check(st == 200, "/health 200 after the recovery (%d)" % st)
+        again = sse_streams(cl, prompts[:2], 32)
+        check(all(o[0] and not o[2] and o[1] == b[:32] for o, b in zip(again, base)),
+              "new requests after the recovery equal the no-failure run")
+        finish(cl)
+    finally:
+        if stopped:
+            if stopped[0].poll() is None:
+                os.kill(stopped[0].pid, signal.SIGCONT)
         if FAILS:
             cl.dump_logs()
         cl.kill()
@@ -756,6 +919,10 @@ def main():
         mode_unreachable(args)
     elif m == "hang":
         mode_hang(args)
+    elif m == "restart":
+        mode_restart(args)
+    elif m == "stop-resume":
+        mode_restart(args, stop=True)
     else:
         print("unknown mode", m)
         return 2
