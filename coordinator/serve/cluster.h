@@ -128,7 +128,7 @@ void cluster_destroy(cluster *c);
 /* The engine interface (impl = c). */
 coord_engine cluster_engine(cluster *c);
 
-/* ---- live placement changes (coordinator/control/control_service.c) ----
+/* ---- live placement changes (coordinator/control/epochs.c) ----
  * A placement change runs a second cluster (the new epoch) beside the serving
  * one. When it is ready: cluster_pause(old) (no new micro-batches), wait until
  * cluster_inflight(old) == 0, then cluster_move_requests(old, new): every
