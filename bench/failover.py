@@ -38,43 +38,23 @@ and SIGINT end the run through the same path). /usr/bin/python3, stdlib only
 """
 import argparse
 import datetime
-import http.client
 import json
 import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from harness import free_port, http_get, reap, sse_completion, wait_for  # noqa: E402
+
 HB_MS = 1000
 DEAD_MS = 10000
 NAMES = ("w-a", "w-b", "w-c")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_for(fn, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception:  # noqa: BLE001 - retried until the deadline
-            pass
-        time.sleep(step)
-    return None
 
 
 def log_time(line):
@@ -159,13 +139,7 @@ class Cluster:
         return json.loads(r.stdout)
 
     def get(self, path):
-        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            return r.status, r.read().decode(errors="replace")
-        finally:
-            c.close()
+        return http_get(self.http_port, path)
 
     def metric(self, name):
         st, m = self.get("/metrics")
@@ -203,40 +177,13 @@ class Cluster:
         return pl["current"]
 
     def stream(self, prompt, n, on_chunk):
-        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=300)
-        try:
-            body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                    "stream": True, "return_token_ids": True}
-            c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
-                      headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            if r.status != 200:
-                return False, 0, ["HTTP %d: %s" % (r.status, r.read()[:300])]
-            n_ids, errors, done = 0, [], False
-            while True:
-                line = r.readline()
-                if not line:
-                    break
-                line = line.strip()
-                if not line.startswith(b"data: "):
-                    continue
-                if line[6:] == b"[DONE]":
-                    done = True
-                    break
-                ch = json.loads(line[6:])
-                if "error" in ch:
-                    errors.append(ch["error"].get("message", str(ch["error"])))
-                    continue
-                k = len(ch["choices"][0].get("token_ids", []))
-                if k:
-                    n_ids += k
-                    on_chunk(n_ids, time.monotonic(), time.time())
-            return done, n_ids, errors
-        finally:
-            c.close()
+        def chunk(ids, k):
+            if k:
+                on_chunk(len(ids), time.monotonic(), time.time())
+        done, ids, errors = sse_completion(self.http_port, prompt, n, chunk)
+        return done, len(ids), errors
 
     def stop(self):
-        rcs = {}
         procs = list(self.workers.items())
         for n, p in procs:
             if p.pid in self.stopped and p.poll() is None:
@@ -247,13 +194,7 @@ class Cluster:
         for n, p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for n, p in procs:
-            try:
-                rcs[n] = p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                rcs[n] = None
+        rcs = reap(procs)
         for p in self.old:
             if p.poll() is None:
                 p.kill()

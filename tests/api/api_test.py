@@ -35,8 +35,10 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 import cluster_test as ct  # noqa: E402  (Cluster, check, FAILS)
+from harness import sse_events  # noqa: E402
 
 check = ct.check
 
@@ -76,18 +78,10 @@ def stream(cl, path, obj, timeout=120):
         if r.status != 200:
             out["error"] = r.read()[:300]
             return out
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:]
-            if data == b"[DONE]":
+        for j in sse_events(r):
+            if j is None:
                 out["done"] = True
                 break
-            j = json.loads(data)
             if "error" in j:
                 out["error"] = j["error"]
             out["chunks"].append(j)

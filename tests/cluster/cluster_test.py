@@ -56,22 +56,8 @@ import tempfile
 import threading
 import time
 
-FAILS = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what, flush=True)
-    if not cond:
-        FAILS.append(what)
-    return cond
-
-
-def free_port(host="127.0.0.1"):
-    s = socket.socket()
-    s.bind((host, 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import FAILS, check, check_streams, free_port, sse_events, stream_all  # noqa: E402
 
 
 class Cluster:
@@ -225,18 +211,11 @@ class Cluster:
             r = c.getresponse()
             if r.status != 200:
                 return r.status, [json.loads(r.read())], False, []
-            while True:
-                line = r.readline()
-                if not line:
-                    break
-                line = line.strip()
-                if not line.startswith(b"data: "):
-                    continue
-                data = line[6:]
-                if data == b"[DONE]":
+            for ch in sse_events(r):
+                if ch is None:
                     done = True
                     break
-                chunks.append(json.loads(data))
+                chunks.append(ch)
                 stamps.append(time.time())
                 if on_event and on_event(chunks[-1]) is False:
                     return r.status, chunks, done, stamps
@@ -643,17 +622,10 @@ def mode_hang(args):
                   headers={"Content-Type": "application/json"})
         r = c.getresponse()
         n, errors, done, stopped = 0, [], False, False
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data: "):
-                continue
-            if line[6:] == b"[DONE]":
+        for ch in sse_events(r):
+            if ch is None:
                 done = True
                 break
-            ch = json.loads(line[6:])
             if "error" in ch:
                 errors.append(ch["error"]["message"])
                 continue
@@ -677,61 +649,6 @@ def mode_hang(args):
         cl.kill()
 
 
-def sse(cl, prompt, n, on_chunk=None):
-    """One greedy SSE completion (ignore_eos): (saw [DONE], token ids, error messages)."""
-    c = cl.conn(300)
-    try:
-        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                "stream": True, "return_token_ids": True}
-        c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        if r.status != 200:
-            return False, [], ["HTTP %d: %s" % (r.status, r.read()[:300])]
-        ids, errors, done = [], [], False
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data: "):
-                continue
-            if line[6:] == b"[DONE]":
-                done = True
-                break
-            ch = json.loads(line[6:])
-            if "error" in ch:
-                errors.append(ch["error"].get("message", str(ch["error"])))
-                continue
-            ids += ch["choices"][0].get("token_ids", [])
-            if on_chunk:
-                on_chunk(len(ids))
-        return done, ids, errors
-    finally:
-        c.close()
-
-
-def sse_streams(cl, prompts, n, on_progress=None):
-    progress = [0] * len(prompts)
-    out = [None] * len(prompts)
-
-    def run(i):
-        def chunk(k):
-            progress[i] = k
-            if on_progress:
-                on_progress(progress)
-        try:
-            out[i] = sse(cl, prompts[i], n, chunk)
-        except Exception as e:  # noqa: BLE001 - reported as a failure
-            out[i] = (False, [], ["exception: %r" % e])
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(600)
-    return out
-
-
 def mode_restart(args, stop=False):
     """Static recovery: PP 2, 5 greedy SSE streams of 200 tokens; the worker of
     stage 1 is SIGKILLed once every stream has 20 tokens and started again on
@@ -744,7 +661,7 @@ def mode_restart(args, stop=False):
     cl = Cluster(args, [{"tp": 1}, {"tp": 1}], coord_args=["--recovery-timeout", "120"])
     try:
         cl.start()
-        base = sse_streams(cl, prompts, n_tok)
+        base = stream_all(cl.http_port, prompts, n_tok)
         check(all(o[0] and not o[2] and len(o[1]) == n_tok for o in base),
               "no-failure run: %d streams of %d tokens, [DONE], no error event"
               % (len(prompts), n_tok))
@@ -776,20 +693,13 @@ def mode_restart(args, stop=False):
                         victim.wait(30)
                         cl.restart_worker(1)
                     at.append(list(progress))
-        out = sse_streams(cl, prompts, n_tok, on_progress)
+        out = stream_all(cl.http_port, prompts, n_tok, on_progress)
         print("worker1 %s with the streams at %s tokens"
               % ("stopped until found hung" if stop else "killed and restarted",
                  at[0] if at else "-"),
               flush=True)
         check(bool(at) and max(at[0]) < n_tok, "worker1 %s mid-stream" % ("stopped" if stop else "killed"))
-        for i, (o, b) in enumerate(zip(out, base)):
-            done, ids, errs = o
-            good = done and not errs and ids == b
-            if not good:
-                first = next((k for k in range(min(len(ids), len(b))) if ids[k] != b[k]), None)
-                print("  stream %d: done=%s errors=%s %d tokens, first difference at %s"
-                      % (i, done, errs[:2], len(ids), first))
-            check(good, "stream %d ends with [DONE], no error event, the no-failure tokens" % i)
+        check_streams(out, base)
         with open(cl.co_log, errors="replace") as f:
             steps = [l.rstrip() for l in f if "recovery:" in l]
         print("\n".join(steps))
@@ -802,7 +712,7 @@ def mode_restart(args, stop=False):
               "the coordinator logs the hold and the resume with the request ids")
         st, _ = cl.get("/health")
         check(st == 200, "/health 200 after the recovery (%d)" % st)
-        again = sse_streams(cl, prompts[:2], 32)
+        again = stream_all(cl.http_port, prompts[:2], 32)
         check(all(o[0] and not o[2] and o[1] == b[:32] for o, b in zip(again, base)),
               "new requests after the recovery equal the no-failure run")
         finish(cl)

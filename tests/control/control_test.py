@@ -42,66 +42,25 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-FAILS = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import FAILS, LiveBase, check, control_stubs, free_port, reap, sse_events, wait_for  # noqa: E402
+
 HB_MS = 200
 DEAD_MS = 1000
 
 
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what, flush=True)
-    if not cond:
-        FAILS.append(what)
-    return cond
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_for(fn, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception:  # noqa: BLE001 - retried until the deadline
-            pass
-        time.sleep(step)
-    return None
-
-
-class Live:
+class Live(LiveBase):
     def __init__(self, args):
-        self.args = args
-        self.tmp = tempfile.mkdtemp(prefix="strata-control-")
-        self.model = os.path.join(args.shared, "models", "stories260K.gguf")
-        self.env = dict(os.environ)
-        self.env.setdefault("UCX_TLS", "tcp")
-        self.env.setdefault("UCX_NET_DEVICES", "lo")  # loopback only (other tests may add bridges)
-        self.env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
-        self.http_port = free_port()
-        self.grpc_port = free_port()
-        self.grpc_addr = "127.0.0.1:%d" % self.grpc_port
-        self.workers = {}
+        super().__init__(args, "strata-control-")
         self.ports = {}
         self.nstart = {}
         self.coord = None
         self.ncoord = 0
-        self.cfg = os.path.join(self.tmp, "cluster.ini")
-        with open(self.cfg, "w") as f:
-            f.write("[cluster]\nmodel = %s\nkv_blocks = 256\n" % self.model)
         self.state = os.path.join(self.tmp, "state.json")
 
     def start_coordinator(self):
@@ -167,17 +126,10 @@ class Live:
                 d = json.loads(r.read())
                 return r.status, d["choices"][0].get("token_ids") if r.status == 200 else d
             ids, done = [], False
-            while True:
-                line = r.readline()
-                if not line:
-                    break
-                line = line.strip()
-                if not line.startswith(b"data: "):
-                    continue
-                if line[6:] == b"[DONE]":
+            for ch in sse_events(r):
+                if ch is None:
                     done = True
                     break
-                ch = json.loads(line[6:])
                 ids += ch["choices"][0].get("token_ids", [])
                 if on_chunk:
                     on_chunk(len(ids))
@@ -185,16 +137,7 @@ class Live:
         finally:
             c.close()
 
-    def dump(self):
-        for name in sorted(os.listdir(self.tmp)):
-            if name.endswith(".log"):
-                with open(os.path.join(self.tmp, name), errors="replace") as f:
-                    lines = f.readlines()
-                print("---- %s (last 25 lines)" % name)
-                sys.stdout.write("".join(lines[-25:]))
-
     def stop(self):
-        rcs = {}
         procs = list(self.workers.items()) + [("coordinator", self.coord)]
         for _, p in procs:
             if p and p.poll() is None:
@@ -207,15 +150,7 @@ class Live:
         for _, p in self.workers.items():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for name, p in procs:
-            if not p:
-                continue
-            try:
-                rcs[name] = p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                rcs[name] = None
+        rcs = reap([(name, p) for name, p in procs if p])
         if hasattr(self, "_chan"):
             self._chan.close()
         return rcs
@@ -628,16 +563,8 @@ def main():
         ap.add_argument("--" + a, required=True)
     args = ap.parse_args()
     wd = os.path.join(args.workdir, "pygen-" + args.mode)
-    shutil.rmtree(wd, ignore_errors=True)
-    os.makedirs(wd)
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", os.path.dirname(os.path.abspath(args.proto)),
-                    "--python_out", wd, "--grpc_python_out", wd, os.path.abspath(args.proto)],
-                   check=True, timeout=60)
-    sys.path.insert(0, wd)
     global grpc, pb, pbg
-    import grpc  # noqa: E402
-    import control_pb2 as pb  # noqa: E402
-    import control_pb2_grpc as pbg  # noqa: E402
+    grpc, pb, pbg = control_stubs(args.proto, wd)
     cl = Live(args)
     t0 = time.monotonic()
     try:

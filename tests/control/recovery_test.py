@@ -35,19 +35,19 @@ MODE
 Runs under /usr/bin/python3 (Debian's python3-grpcio imports only there).
 """
 import argparse
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-FAILS = []
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import (FAILS, LiveBase, check, check_streams, control_stubs, free_port, http_get,  # noqa: E402
+                     reap, stream_all, wait_for)
+
 HB_MS = 1000
 DEAD_MS = 10000
 N_STREAMS = 6
@@ -55,51 +55,11 @@ N_TOK = 200
 KILL_AT = 20
 
 
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what, flush=True)
-    if not cond:
-        FAILS.append(what)
-    return cond
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_for(fn, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception:  # noqa: BLE001 - retried until the deadline
-            pass
-        time.sleep(step)
-    return None
-
-
-class Live:
+class Live(LiveBase):
     def __init__(self, args, min_workers, extra=()):
-        self.args = args
-        self.tmp = tempfile.mkdtemp(prefix="strata-recovery-")
-        self.model = os.path.join(args.shared, "models", "stories260K.gguf")
-        self.env = dict(os.environ)
-        self.env.setdefault("UCX_TLS", "tcp")
-        self.env.setdefault("UCX_NET_DEVICES", "lo")
-        self.env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
-        self.http_port = free_port()
-        self.grpc_addr = "127.0.0.1:%d" % free_port()
-        self.workers = {}
+        super().__init__(args, "strata-recovery-")
         self.killed = set()
         self.stopped = set()
-        self.cfg = os.path.join(self.tmp, "cluster.ini")
-        with open(self.cfg, "w") as f:
-            f.write("[cluster]\nmodel = %s\nkv_blocks = 256\n" % self.model)
         log = open(os.path.join(self.tmp, "coordinator.log"), "w")
         self.coord = subprocess.Popen(
             [args.coordinator, "--live", "--config", self.cfg, "--listen", "127.0.0.1:%d" % self.http_port,
@@ -142,61 +102,16 @@ class Live:
         return {n.name: n for n in self.stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes}
 
     def get(self, path):
-        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            return r.status, r.read().decode(errors="replace")
-        finally:
-            c.close()
-
-    def stream(self, prompt, n, on_chunk=None):
-        """One SSE completion: (saw [DONE], token ids, error events)."""
-        c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=300)
-        try:
-            body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                    "stream": True, "return_token_ids": True}
-            c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
-                      headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            if r.status != 200:
-                return False, [], ["HTTP %d: %s" % (r.status, r.read()[:300])]
-            ids, errors, done = [], [], False
-            while True:
-                line = r.readline()
-                if not line:
-                    break
-                line = line.strip()
-                if not line.startswith(b"data: "):
-                    continue
-                if line[6:] == b"[DONE]":
-                    done = True
-                    break
-                ch = json.loads(line[6:])
-                if "error" in ch:
-                    errors.append(ch["error"].get("message", str(ch["error"])))
-                    continue
-                ids += ch["choices"][0].get("token_ids", [])
-                if on_chunk:
-                    on_chunk(len(ids))
-            return done, ids, errors
-        finally:
-            c.close()
+        return http_get(self.http_port, path)
 
     def log(self, name="coordinator"):
         with open(os.path.join(self.tmp, name + ".log"), errors="replace") as f:
             return f.read()
 
     def dump(self):
-        for name in sorted(os.listdir(self.tmp)):
-            if name.endswith(".log"):
-                with open(os.path.join(self.tmp, name), errors="replace") as f:
-                    lines = f.readlines()
-                print("---- %s (last 40 lines)" % name)
-                sys.stdout.write("".join(lines[-40:]))
+        LiveBase.dump(self, 40)
 
     def stop(self):
-        rcs = {}
         for n in self.stopped:  # SIGSTOPped workers: continue, then kill (by pid)
             p = self.workers[n]
             if p.poll() is None:
@@ -208,13 +123,7 @@ class Live:
         for n, p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for name, p in procs:
-            try:
-                rcs[name] = p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                rcs[name] = None
+        rcs = reap(procs)
         for n in self.killed:
             self.workers[n].wait()
         self._chan.close()
@@ -231,24 +140,7 @@ def stage_str(pl):
 
 
 def run_streams(cl, rs, n_tok, on_progress=None):
-    progress = [0] * len(rs)
-    out = [None] * len(rs)
-
-    def run(i):
-        def chunk(k):
-            progress[i] = k
-            if on_progress:
-                on_progress(progress)
-        try:
-            out[i] = cl.stream(rs[i]["prompt"], n_tok, chunk)
-        except Exception as e:  # noqa: BLE001
-            out[i] = (False, [], ["exception: %r" % e])
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(rs))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(600)
-    return out
+    return stream_all(cl.http_port, [r["prompt"] for r in rs], n_tok, on_progress)
 
 
 def baseline(cl, rs):
@@ -283,14 +175,7 @@ def kill_mid_stream(cl, rs, base, label, hang=False):
     out = run_streams(cl, rs, N_TOK, on_progress)
     print("killed %s with the streams at %s tokens" % (victim, at[0] if at else "-"), flush=True)
     check(bool(at) and max(at[0]) < N_TOK, "%s killed mid-stream" % victim)
-    for i, (o, b) in enumerate(zip(out, base)):
-        done, ids, errs = o
-        good = done and not errs and ids == b
-        if not good:
-            first = next((k for k in range(min(len(ids), len(b))) if ids[k] != b[k]), None)
-            print("  stream %d: done=%s errors=%s %d tokens, first difference at %s"
-                  % (i, done, errs[:2], len(ids), first))
-        check(good, "%s: stream %d ends with [DONE], no error event, the no-failure tokens" % (label, i))
+    check_streams(out, base, label + ": ")
     pl1 = cl.placement().current
     print("placement after: epoch %d %s" % (pl1.epoch, stage_str(pl1)), flush=True)
     check(pl1.epoch > pl0.epoch and victim not in [s.node for s in pl1.stages] and
@@ -439,16 +324,8 @@ def main():
         ap.add_argument("--" + a, required=True)
     args = ap.parse_args()
     wd = os.path.join(args.workdir, "pygen-recovery-" + args.mode)
-    shutil.rmtree(wd, ignore_errors=True)
-    os.makedirs(wd)
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", os.path.dirname(os.path.abspath(args.proto)),
-                    "--python_out", wd, "--grpc_python_out", wd, os.path.abspath(args.proto)],
-                   check=True, timeout=60)
-    sys.path.insert(0, wd)
     global grpc, pb, pbg
-    import grpc  # noqa: E402
-    import control_pb2 as pb  # noqa: E402
-    import control_pb2_grpc as pbg  # noqa: E402
+    grpc, pb, pbg = control_stubs(args.proto, wd)
     cl = None
     try:
         cl = globals()["mode_" + args.mode](args)

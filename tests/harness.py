@@ -1,0 +1,201 @@
+"""harness.py — the pieces the Python integration tests (tests/control,
+tests/cluster, tests/api) and bench/failover.py share: check() and its FAILS
+list, free_port(), wait_for(), an SSE reader, a greedy SSE completion, and
+the start of a live cluster's state (LiveBase). stdlib only; scripts import it
+with sys.path.insert(0, <the tests/ folder>).
+"""
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+    return cond
+
+
+def free_port(host="127.0.0.1"):
+    s = socket.socket()
+    s.bind((host, 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_for(fn, timeout, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+            if v:
+                return v
+        except Exception:  # noqa: BLE001 - retried until the deadline
+            pass
+        time.sleep(step)
+    return None
+
+
+def sse_events(r):
+    """The `data:` events of an SSE response r, parsed as JSON; None for
+    [DONE], after which it stops (as it does at the end of the body)."""
+    while True:
+        line = r.readline()
+        if not line:
+            return
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        if line[6:] == b"[DONE]":
+            yield None
+            return
+        yield json.loads(line[6:])
+
+
+def sse_completion(port, prompt, n, on_chunk=None, timeout=300):
+    """One greedy SSE completion (ignore_eos, return_token_ids) on
+    127.0.0.1:port: (saw [DONE], token ids, error messages). on_chunk(ids, k)
+    after each chunk that is not an error (ids so far, k of them new)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                "stream": True, "return_token_ids": True}
+        c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            return False, [], ["HTTP %d: %s" % (r.status, r.read()[:300])]
+        ids, errors, done = [], [], False
+        for ch in sse_events(r):
+            if ch is None:
+                done = True
+                break
+            if "error" in ch:
+                errors.append(ch["error"].get("message", str(ch["error"])))
+                continue
+            new = ch["choices"][0].get("token_ids", [])
+            ids += new
+            if on_chunk:
+                on_chunk(ids, len(new))
+        return done, ids, errors
+    finally:
+        c.close()
+
+
+class LiveBase:
+    """What a live cluster (strata-coordinator --live on loopback, workers
+    registering over gRPC) starts from: a temporary folder (prefix), the
+    stories260K model, the environment of its processes, an HTTP port, a gRPC
+    address and a cluster.ini."""
+
+    def __init__(self, args, prefix):
+        self.args = args
+        self.tmp = tempfile.mkdtemp(prefix=prefix)
+        self.model = os.path.join(args.shared, "models", "stories260K.gguf")
+        self.env = dict(os.environ)
+        self.env.setdefault("UCX_TLS", "tcp")
+        self.env.setdefault("UCX_NET_DEVICES", "lo")  # loopback only (other tests may add bridges)
+        self.env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.grpc_addr = "127.0.0.1:%d" % self.grpc_port
+        self.workers = {}
+        self.cfg = os.path.join(self.tmp, "cluster.ini")
+        with open(self.cfg, "w") as f:
+            f.write("[cluster]\nmodel = %s\nkv_blocks = 256\n" % self.model)
+
+    def dump(self, lines=25):
+        for name in sorted(os.listdir(self.tmp)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.tmp, name), errors="replace") as f:
+                    text = f.readlines()
+                print("---- %s (last %d lines)" % (name, lines))
+                sys.stdout.write("".join(text[-lines:]))
+
+
+def stream_all(port, prompts, n, on_progress=None):
+    """sse_completion of every prompt at once (a thread each): their results,
+    in order; an exception is the result (False, [], ["exception: ..."]).
+    on_progress(token counts of every stream so far) after each chunk."""
+    progress = [0] * len(prompts)
+    out = [None] * len(prompts)
+
+    def run(i):
+        def chunk(ids, k):
+            progress[i] = len(ids)
+            if on_progress:
+                on_progress(progress)
+        try:
+            out[i] = sse_completion(port, prompts[i], n, chunk)
+        except Exception as e:  # noqa: BLE001 - reported as a failure
+            out[i] = (False, [], ["exception: %r" % e])
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(600)
+    return out
+
+
+def reap(procs, timeout=30):
+    """Waits for each (name, Popen) of procs in turn, timeout s each (then
+    SIGKILL): {name: exit status, None for one that had to be killed}."""
+    rcs = {}
+    for name, p in procs:
+        try:
+            rcs[name] = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rcs[name] = None
+    return rcs
+
+
+def http_get(port, path, timeout=30):
+    """GET path on 127.0.0.1:port: (status, body as text)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read().decode(errors="replace")
+    finally:
+        c.close()
+
+
+def check_streams(out, base, prefix=""):
+    """check() per stream: out[i] (done, ids, errors) ended with [DONE], no
+    error event and the token ids base[i]; the first difference printed."""
+    for i, (o, b) in enumerate(zip(out, base)):
+        done, ids, errs = o
+        good = done and not errs and ids == b
+        if not good:
+            first = next((k for k in range(min(len(ids), len(b))) if ids[k] != b[k]), None)
+            print("  stream %d: done=%s errors=%s %d tokens, first difference at %s"
+                  % (i, done, errs[:2], len(ids), first))
+        check(good, "%sstream %d ends with [DONE], no error event, the no-failure tokens" % (prefix, i))
+
+
+def control_stubs(proto, wd):
+    """The Python client of proto (control.proto), generated into wd (made
+    afresh) with grpc_tools.protoc: the modules (grpc, control_pb2,
+    control_pb2_grpc)."""
+    shutil.rmtree(wd, ignore_errors=True)
+    os.makedirs(wd)
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", os.path.dirname(os.path.abspath(proto)),
+                    "--python_out", wd, "--grpc_python_out", wd, os.path.abspath(proto)],
+                   check=True, timeout=60)
+    sys.path.insert(0, wd)
+    import grpc
+    import control_pb2
+    import control_pb2_grpc
+    return grpc, control_pb2, control_pb2_grpc
