@@ -1,10 +1,11 @@
 /* test_backend_ops.c — conformance of every compute/backend.h op on each
  * available backend against simple host references (double sums).
  *
- * Backends: the CPU backend always; the CUDA backend too when built with
- * STRATA_CUDA and cudaGetDeviceCount() > 0 (once with the f32 prefill GEMM,
- * then the matmuls again with the half GemmEx path). Without a device the
- * test prints one line saying that CUDA was not exercised.
+ * Backends: the CPU backend (no argument; ctest's test_backend_ops.LEVEL),
+ * with the clean error of a missing CUDA device; the CUDA backend with the
+ * argument "cuda" (test_backend_ops.cuda: once with the f32 prefill GEMM,
+ * then the matmuls again with the half GemmEx path), which exits 77
+ * (skipped) without a device or without STRATA_CUDA.
  *
  * Shapes are small but realistic: uneven row counts (N = 7, 33, 45), T = 1
  * (decode) and T > 8 (the GEMM path), every weight type (F32, F16, BF16,
@@ -14,6 +15,7 @@
  * must return -1 with a message.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -576,11 +578,13 @@ static void run_all(tctx *t, int big) {
     CHECK_EQ_INT(t->be->ops->weight_bytes(t->be), w0);
 }
 
-int main(void) {
-    test_simd_level_or_skip();
+int main(int argc, char **argv) {
+    /* "cuda": the CUDA backend alone, skipped (77) without a device. */
+    const bool cuda_only = argc > 1 && strcmp(argv[1], "cuda") == 0;
     st_err err = {{0}};
-    /* CPU backend: 2 threads, one-rank shared-memory group. */
-    {
+    if (!cuda_only) {
+        test_simd_level_or_skip();
+        /* CPU backend: 2 threads, one-rank shared-memory group. */
         backend *be = backend_cpu_new(2, &err);
         REQUIRE_MSG(be, "%s", err.msg);
         comm_cpu_group *g = comm_cpu_group_new(1, &err);
@@ -590,16 +594,23 @@ int main(void) {
         run_all(&t, 0);
         comm_cpu_group_free(g);
         backend_free(be);
+#ifdef STRATA_HAVE_CUDA
+        /* Without a device, asking for one is a clean error. */
+        if (backend_cuda_device_count() == 0) {
+            backend *none = backend_cuda_new(0, &err);
+            CHECK(none == NULL);
+            CHECK(strstr(err.msg, "does not exist") != NULL);
+        }
+#endif
+        return test_summary();
     }
 #ifdef STRATA_HAVE_CUDA
     const int n_dev = backend_cuda_device_count();
     if (n_dev == 0) {
-        printf("test_backend_ops: no CUDA device; the CUDA backend was not exercised (CPU only)\n");
-        /* Asking for one anyway is a clean error. */
-        backend *none = backend_cuda_new(0, &err);
-        CHECK(none == NULL);
-        CHECK(strstr(err.msg, "does not exist") != NULL);
-    } else {
+        printf("SKIP: test_backend_ops cuda: no CUDA device\n");
+        return 77;
+    }
+    {
         comm_nccl_group *g = comm_nccl_group_new(1, &err);
         REQUIRE_MSG(g, "%s", err.msg);
         backend *be = backend_cuda_new(0, &err);
@@ -619,7 +630,8 @@ int main(void) {
         comm_nccl_group_free(g);
     }
 #else
-    printf("test_backend_ops: built without CUDA (STRATA_CUDA off); CPU backend only\n");
+    printf("SKIP: test_backend_ops cuda: built without CUDA (STRATA_CUDA off)\n");
+    return 77;
 #endif
     return test_summary();
 }
