@@ -199,3 +199,120 @@ def control_stubs(proto, wd):
     import control_pb2
     import control_pb2_grpc
     return grpc, control_pb2, control_pb2_grpc
+
+
+def insecure_flag(binary):
+    """["--insecure"] when binary's --help offers it (a listener on a
+    non-loopback address needs credentials or that flag, common/exposure.h),
+    else []."""
+    try:
+        out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+        return ["--insecure"] if "--insecure" in out.stdout + out.stderr else []
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+
+
+def netns_unavailable():
+    """Why network-namespace tests cannot run here (no root / CAP_NET_ADMIN,
+    no `ip netns`, no nft, or nft not usable inside a namespace), or None.
+    Tries the real thing in a scratch namespace, removed again."""
+    if not shutil.which("ip"):
+        return "no `ip` (iproute2; scripts/bootstrap installs it)"
+    if not shutil.which("nft"):
+        return "no `nft` (nftables; scripts/bootstrap installs it)"
+    ns = "strata-probe-%d" % os.getpid()
+    try:
+        r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            return "cannot create a network namespace (needs CAP_NET_ADMIN): %s" % r.stderr.strip()
+        r = subprocess.run(["ip", "netns", "exec", ns, "nft", "add", "table", "inet", "probe"],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            return "nft does not work in a network namespace: %s" % r.stderr.strip()
+        return None
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+class NetnsBridge:
+    """Network namespaces joined by a bridge in the root namespace: the bridge
+    holds 10.77.S.1/24 (the root namespace's address: the coordinator), and
+    add(k) makes namespace k with a veth pair whose root end is a bridge port
+    and whose inside end holds 10.77.S.(k+2)/24. One subnet on one bridge, not
+    a routed /30 per veth: UCX's tcp transport binds a connection to the
+    device it chose, and a routed path fails its wire-up (UCX 1.13).
+    Faults: down(k)/up(k) set the root end of k's veth down/up (a cut
+    cable); drop(k)/undrop(k) add/remove an nft table in namespace k that
+    silently drops every packet through its veth (a partition with no reset
+    and no carrier change). close() removes everything (namespaces, veths,
+    bridge) and is safe to call twice; use it in a finally."""
+
+    def __init__(self):
+        tag = "%x" % (os.getpid() & 0xffff)
+        self.sub = os.getpid() % 200 + 20
+        self.br = "stbr%s" % tag
+        self.tag = tag
+        self.ns, self.host_ends, self.ns_ends = [], [], []
+        self._made_br = False
+        self.host_ip = "10.77.%d.1" % self.sub
+        self._sh("ip", "link", "add", self.br, "type", "bridge")
+        self._made_br = True
+        self._sh("ip", "addr", "add", self.host_ip + "/24", "dev", self.br)
+        self._sh("ip", "link", "set", self.br, "up")
+
+    @staticmethod
+    def _sh(*cmd):
+        subprocess.run(list(cmd), check=True, timeout=30)
+
+    def add(self):
+        """A new namespace: its index k (name self.ns[k], address ip(k))."""
+        k = len(self.ns)
+        ns = "strata-n%d-%s" % (k, self.tag)
+        vh, vn = "sth%d%s" % (k, self.tag), "stn%d%s" % (k, self.tag)
+        self._sh("ip", "netns", "add", ns)
+        self.ns.append(ns)
+        self._sh("ip", "link", "add", vh, "type", "veth", "peer", "name", vn)
+        self.host_ends.append(vh)
+        self.ns_ends.append(vn)
+        self._sh("ip", "link", "set", vn, "netns", ns)
+        self._sh("ip", "link", "set", vh, "master", self.br)
+        self._sh("ip", "link", "set", vh, "up")
+        self._sh("ip", "-n", ns, "addr", "add", self.ip(k) + "/24", "dev", vn)
+        self._sh("ip", "-n", ns, "link", "set", vn, "up")
+        self._sh("ip", "-n", ns, "link", "set", "lo", "up")
+        return k
+
+    def ip(self, k):
+        return "10.77.%d.%d" % (self.sub, k + 2)
+
+    def exec_prefix(self, k):
+        return ["ip", "netns", "exec", self.ns[k]]
+
+    def down(self, k):
+        self._sh("ip", "link", "set", self.host_ends[k], "down")
+
+    def up(self, k):
+        self._sh("ip", "link", "set", self.host_ends[k], "up")
+
+    def drop(self, k):
+        vn = self.ns_ends[k]
+        rules = ("table inet strata_partition {\n"
+                 "  chain in { type filter hook input priority 0; iifname \"%s\" drop; }\n"
+                 "  chain out { type filter hook output priority 0; oifname \"%s\" drop; }\n}\n" % (vn, vn))
+        subprocess.run(self.exec_prefix(k) + ["nft", "-f", "-"], input=rules, text=True, check=True, timeout=30)
+
+    def undrop(self, k):
+        self._sh(*(self.exec_prefix(k) + ["nft", "delete", "table", "inet", "strata_partition"]))
+
+    def close(self):
+        """Removes what was made; returns whether nothing of it is left."""
+        for ns in self.ns:
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL, timeout=30)
+        for v in self.host_ends:
+            subprocess.run(["ip", "link", "del", v], stderr=subprocess.DEVNULL, timeout=30)
+        if self._made_br:
+            subprocess.run(["ip", "link", "del", self.br], stderr=subprocess.DEVNULL, timeout=30)
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+        links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, timeout=30).stdout
+        return (not any(ns in left.split() for ns in self.ns) and self.br not in links
+                and not any(v in links for v in self.host_ends))

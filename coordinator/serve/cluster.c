@@ -68,6 +68,7 @@ typedef struct stage_link {
     uint64_t forwards, tokens;
     uint32_t queue_depth;
     uint64_t bytes_sent, frames_sent; /* the worker's transport counters */
+    uint64_t dropped_frames, fenced_frames; /* frames the worker dropped; of them, of an older epoch */
     char worker_name[COORD_NAME_LEN];
     double stats_at;                  /* monotonic time of the latest StageStats */
     double fwd_moved_at;              /* monotonic time `forwards` last changed (hang detection) */
@@ -797,6 +798,8 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         }
         l->bytes_sent = s->bytes_sent;
         l->frames_sent = s->frames_sent;
+        l->dropped_frames = s->dropped_frames;
+        l->fenced_frames = s->fenced_frames;
         l->stats_at = st_now_s();
         if (!l->have_stats || s->forwards != l->forwards) l->fwd_moved_at = l->stats_at;
         if (s->worker_name && s->worker_name[0])
@@ -1160,13 +1163,14 @@ static char *eng_stages_json(void *impl) {
             json_array_append_new(fwd, json_pack("[I,I]", (json_int_t)l->fwd[k % FWD_KEEP][0],
                                                  (json_int_t)l->fwd[k % FWD_KEEP][1]));
         json_array_append_new(
-            stages, json_pack("{s:i,s:s,s:i,s:i,s:i,s:b,s:f,s:f,s:I,s:I,s:f,s:i,s:o}", "stage", i,
+            stages, json_pack("{s:i,s:s,s:i,s:i,s:i,s:b,s:f,s:f,s:I,s:I,s:f,s:i,s:I,s:I,s:o}", "stage", i,
                               "address", addr, "first_layer", l->range.first, "last_layer",
                               l->range.last, "tp", l->tp, "ready", l->state == LINK_READY,
                               "busy_seconds", l->busy_s, "uptime_seconds", l->uptime_s,
                               "forwards", (json_int_t)l->forwards, "tokens",
                               (json_int_t)l->tokens, "busy_fraction", frac, "queue_depth",
-                              (int)l->queue_depth, "forward_intervals", fwd));
+                              (int)l->queue_depth, "dropped_frames", (json_int_t)l->dropped_frames,
+                              "fenced_frames", (json_int_t)l->fenced_frames, "forward_intervals", fwd));
         l->prev_busy_s = l->busy_s;
         l->prev_uptime_s = l->uptime_s;
     }
