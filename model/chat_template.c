@@ -15,12 +15,39 @@
 #include "common/log.h"
 
 
-/* Appends s without leading/trailing whitespace (isspace, as llama.cpp's trim). */
-static void sb_put_trimmed(st_strbuf *b, const char *s) {
-    size_t start = 0, end = strlen(s);
+/* Where the messages' contents went in the rendered text (chat_apply_spans):
+ * one span per non-empty content, in order. NULL spans: not recorded. */
+typedef struct content_spans {
+    tok_span *v;
+    size_t n;
+    bool oom;
+} content_spans;
+
+static void note_span(st_strbuf *b, content_spans *cs, size_t start) {
+    if (!cs || b->len == start) return;
+    tok_span *nv = realloc(cs->v, (cs->n + 1) * sizeof *nv);
+    if (!nv) {
+        cs->oom = true;
+        return;
+    }
+    cs->v = nv;
+    cs->v[cs->n++] = (tok_span){start, b->len - start};
+}
+
+/* Appends a message's content, recording its span. */
+static void sb_put_content(st_strbuf *b, content_spans *cs, const char *s) {
+    size_t start = b->len;
+    st_strbuf_puts(b, s);
+    note_span(b, cs, start);
+}
+
+/* Appends content without leading/trailing whitespace (isspace, as llama.cpp's trim). */
+static void sb_put_trimmed(st_strbuf *b, content_spans *cs, const char *s) {
+    size_t start = 0, end = strlen(s), at = b->len;
     while (start < end && isspace((unsigned char)s[start])) start++;
     while (end > start && isspace((unsigned char)s[end - 1])) end--;
     st_strbuf_putn(b, s + start, end - start);
+    note_span(b, cs, at);
 }
 
 static const struct {
@@ -113,42 +140,44 @@ const char *chat_format_turn_end(enum chat_format fmt) {
     }
 }
 
-static void render_plain(st_strbuf *b, const chat_message *m, const enum chat_role *r, size_t n,
-                         bool add_gen) {
+static void render_plain(st_strbuf *b, content_spans *cs, const chat_message *m,
+                         const enum chat_role *r, size_t n, bool add_gen) {
     static const char *labels[] = {"System: ", "User: ", "Assistant: "};
     for (size_t i = 0; i < n; i++) {
         st_strbuf_puts(b, labels[r[i]]);
-        st_strbuf_puts(b, m[i].content);
+        sb_put_content(b, cs, m[i].content);
         st_strbuf_puts(b, "\n");
     }
     if (add_gen) st_strbuf_puts(b, "Assistant:");
 }
 
-static void render_chatml(st_strbuf *b, const chat_message *m, size_t n, bool add_gen) {
+static void render_chatml(st_strbuf *b, content_spans *cs, const chat_message *m, size_t n,
+                          bool add_gen) {
     for (size_t i = 0; i < n; i++) {
         st_strbuf_puts(b, "<|im_start|>");
         st_strbuf_puts(b, m[i].role);
         st_strbuf_puts(b, "\n");
-        st_strbuf_puts(b, m[i].content);
+        sb_put_content(b, cs, m[i].content);
         st_strbuf_puts(b, "<|im_end|>\n");
     }
     if (add_gen) st_strbuf_puts(b, "<|im_start|>assistant\n");
 }
 
-static void render_llama3(st_strbuf *b, const chat_message *m, size_t n, bool add_gen) {
+static void render_llama3(st_strbuf *b, content_spans *cs, const chat_message *m, size_t n,
+                          bool add_gen) {
     for (size_t i = 0; i < n; i++) {
         st_strbuf_puts(b, "<|start_header_id|>");
         st_strbuf_puts(b, m[i].role);
         st_strbuf_puts(b, "<|end_header_id|>\n\n");
-        sb_put_trimmed(b, m[i].content);
+        sb_put_trimmed(b, cs, m[i].content);
         st_strbuf_puts(b, "<|eot_id|>");
     }
     if (add_gen) st_strbuf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* https://huggingface.co/blog/llama2#how-to-prompt-llama-2, as llama.cpp renders it. */
-static void render_llama2(st_strbuf *b, enum chat_format fmt, const chat_message *m,
-                          const enum chat_role *r, size_t n) {
+static void render_llama2(st_strbuf *b, content_spans *cs, enum chat_format fmt,
+                          const chat_message *m, const enum chat_role *r, size_t n) {
     bool sys_block = fmt != CHAT_FORMAT_LLAMA2;
     bool bos_inside = fmt == CHAT_FORMAT_LLAMA2_SYS_BOS;
     bool strip = fmt == CHAT_FORMAT_LLAMA2_SYS_STRIP;
@@ -160,8 +189,8 @@ static void render_llama2(st_strbuf *b, enum chat_format fmt, const chat_message
             st_strbuf_puts(b, bos_inside ? "<s>[INST] " : "[INST] ");
         }
         if (r[i] == CHAT_ROLE_SYSTEM && sys_block) st_strbuf_puts(b, "<<SYS>>\n");
-        if (strip) sb_put_trimmed(b, m[i].content);
-        else st_strbuf_puts(b, m[i].content);
+        if (strip) sb_put_trimmed(b, cs, m[i].content);
+        else sb_put_content(b, cs, m[i].content);
         switch (r[i]) {
         case CHAT_ROLE_SYSTEM: st_strbuf_puts(b, sys_block ? "\n<</SYS>>\n\n" : "\n"); break;
         case CHAT_ROLE_USER: st_strbuf_puts(b, " [/INST]"); break;
@@ -175,6 +204,15 @@ static void render_llama2(st_strbuf *b, enum chat_format fmt, const chat_message
 
 char *chat_apply(enum chat_format fmt, const chat_message *msgs, size_t n,
                  bool add_generation_prompt, size_t *len_out, st_err *err) {
+    return chat_apply_spans(fmt, msgs, n, add_generation_prompt, len_out, NULL, NULL, err);
+}
+
+char *chat_apply_spans(enum chat_format fmt, const chat_message *msgs, size_t n,
+                       bool add_generation_prompt, size_t *len_out, tok_span **spans_out,
+                       size_t *n_spans_out, st_err *err) {
+    content_spans cs = {0}, *csp = spans_out ? &cs : NULL;
+    if (spans_out) *spans_out = NULL;
+    if (n_spans_out) *n_spans_out = 0;
     if (fmt < CHAT_FORMAT_PLAIN || fmt >= CHAT_FORMAT_UNSUPPORTED) {
         st_errf(err, "chat format '%s' cannot be rendered", chat_format_name(fmt));
         return NULL;
@@ -199,17 +237,20 @@ char *chat_apply(enum chat_format fmt, const chat_message *msgs, size_t n,
     st_strbuf b = {0};
     st_strbuf_puts(&b, ""); /* an empty rendering is still a valid string */
     switch (fmt) {
-    case CHAT_FORMAT_PLAIN: render_plain(&b, msgs, roles, n, add_generation_prompt); break;
-    case CHAT_FORMAT_CHATML: render_chatml(&b, msgs, n, add_generation_prompt); break;
-    case CHAT_FORMAT_LLAMA3: render_llama3(&b, msgs, n, add_generation_prompt); break;
-    default: render_llama2(&b, fmt, msgs, roles, n); break;
+    case CHAT_FORMAT_PLAIN: render_plain(&b, csp, msgs, roles, n, add_generation_prompt); break;
+    case CHAT_FORMAT_CHATML: render_chatml(&b, csp, msgs, n, add_generation_prompt); break;
+    case CHAT_FORMAT_LLAMA3: render_llama3(&b, csp, msgs, n, add_generation_prompt); break;
+    default: render_llama2(&b, csp, fmt, msgs, roles, n); break;
     }
     free(roles);
-    if (b.oom) {
+    if (b.oom || cs.oom) {
         free(b.p);
+        free(cs.v);
         st_errf(err, "out of memory");
         return NULL;
     }
     if (len_out) *len_out = b.len;
+    if (spans_out) *spans_out = cs.v;
+    if (n_spans_out) *n_spans_out = cs.n;
     return b.p;
 }

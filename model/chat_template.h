@@ -18,7 +18,9 @@
  * docs/chat-templates.md for why this is not a per-request error).
  *
  * The rendered text never starts with BOS (the tokenizer adds it) and holds
- * special-token text such as "<|eot_id|>": tokenize it with parse_special.
+ * special-token text such as "<|eot_id|>". Tokenize it with
+ * tok_encode_guarded over the content spans of chat_apply_spans: the
+ * template's text yields special tokens, the messages' contents never do.
  * Roles are "system", "user" and "assistant"; anything else is an error.
  */
 #ifndef STRATA_MODEL_CHAT_TEMPLATE_H
@@ -28,6 +30,7 @@
 #include <stddef.h>
 
 #include "common/err.h"
+#include "model/tokenizer.h"
 
 enum chat_format {
     CHAT_FORMAT_PLAIN = 0,        /* no template: "Role: content\n" lines */
@@ -79,6 +82,14 @@ int chat_role_parse(const char *role, enum chat_role *out, st_err *err);
  * error is the client's (HTTP 400) except the format one. */
 char *chat_apply(enum chat_format fmt, const chat_message *msgs, size_t n,
                  bool add_generation_prompt, size_t *len_out, st_err *err);
+
+/* chat_apply, and where each message's content landed: *spans_out
+ * (malloc'd, caller frees; NULL when none) gets one [off, len) per non-empty
+ * content in rendering order (trimmed formats: the trimmed text). These are
+ * the ranges tok_encode_guarded must not read special tokens from. */
+char *chat_apply_spans(enum chat_format fmt, const chat_message *msgs, size_t n,
+                       bool add_generation_prompt, size_t *len_out, tok_span **spans_out,
+                       size_t *n_spans_out, st_err *err);
 
 /* The text that ends an assistant turn in fmt ("<|im_end|>", "<|eot_id|>",
  * "</s>" for the Llama 2 variants, "\nUser:" for plain). The coordinator

@@ -344,23 +344,44 @@ static int frags_insert(frags *fs, size_t at, frag f) {
     return 0;
 }
 
+/* True when [at, at + n) overlaps one of the plain spans. */
+static bool overlaps_plain(size_t at, size_t n, const tok_span *plain, size_t n_plain) {
+    for (size_t i = 0; i < n_plain; i++)
+        if (at < plain[i].off + plain[i].len && plain[i].off < at + n) return true;
+    return false;
+}
+
 /* llama.cpp's tokenizer_st_partition: for each special token, longest first,
  * split every raw fragment around its occurrences. Control and unknown
- * tokens take part only with parse_special. */
+ * tokens take part only with parse_special, and then not where they overlap
+ * a plain span (tok_encode_guarded). */
 static int partition(const tok_vocab *v, const char *text, size_t len, bool parse_special,
-                     frags *fs) {
+                     const tok_span *plain, size_t n_plain, frags *fs) {
     fs->n = 0;
     if (len == 0) return 0;
     if (frags_insert(fs, 0, (frag){-1, 0, len})) return -1;
     for (size_t s = 0; s < v->n_special; s++) {
         int32_t id = v->special[s];
-        if (!parse_special && v->type[id] != TOK_TYPE_USER_DEFINED) continue;
+        bool user = v->type[id] == TOK_TYPE_USER_DEFINED;
+        if (!parse_special && !user) continue;
         const char *st = tok_text(v, id);
         size_t sl = v->text_len[id];
+        if (sl == 0) continue;
         for (size_t i = 0; i < fs->n; i++) {
             if (fs->v[i].id >= 0 || fs->v[i].len < sl) continue;
             frag f = fs->v[i];
-            const char *hit = memmem(text + f.off, f.len, st, sl);
+            /* the first occurrence that is allowed here */
+            const char *hit = NULL;
+            for (size_t from = f.off; from + sl <= f.off + f.len;) {
+                const char *h = memmem(text + from, f.off + f.len - from, st, sl);
+                if (!h) break;
+                size_t at = (size_t)(h - text);
+                if (user || !overlaps_plain(at, sl, plain, n_plain)) {
+                    hit = h;
+                    break;
+                }
+                from = at + 1;
+            }
             if (!hit) continue;
             size_t at = (size_t)(hit - text);
             /* replace f by [left] token [right]; the loop then visits right */
@@ -379,14 +400,30 @@ static int partition(const tok_vocab *v, const char *text, size_t len, bool pars
     return 0;
 }
 
+static int encode_impl(const tok_vocab *v, const char *text, size_t len, bool add_special,
+                       bool parse_special, const tok_span *plain, size_t n_plain,
+                       int32_t **ids_out, size_t *n_out, st_err *err);
+
 int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_special,
                bool parse_special, int32_t **ids_out, size_t *n_out, st_err *err) {
+    return encode_impl(v, text, len, add_special, parse_special, NULL, 0, ids_out, n_out, err);
+}
+
+int tok_encode_guarded(const tok_vocab *v, const char *text, size_t len, bool add_special,
+                       const tok_span *plain, size_t n_plain, int32_t **ids_out, size_t *n_out,
+                       st_err *err) {
+    return encode_impl(v, text, len, add_special, true, plain, n_plain, ids_out, n_out, err);
+}
+
+static int encode_impl(const tok_vocab *v, const char *text, size_t len, bool add_special,
+                       bool parse_special, const tok_span *plain, size_t n_plain,
+                       int32_t **ids_out, size_t *n_out, st_err *err) {
     *ids_out = NULL;
     *n_out = 0;
     if (!text && len) return st_errf(err, "tokenizer: NULL text");
     tok_ids out = {0};
     frags fs = {0};
-    if (partition(v, text, len, parse_special, &fs)) goto oom;
+    if (partition(v, text, len, parse_special, plain, n_plain, &fs)) goto oom;
 
     if (add_special && v->add_bos) {
         if (v->bos < 0) {

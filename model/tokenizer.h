@@ -98,6 +98,22 @@ int32_t tok_lookup(const tok_vocab *v, const char *text, size_t len);
 int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_special,
                bool parse_special, int32_t **ids_out, size_t *n_out, st_err *err);
 
+/* A byte range [off, off + len) of a text. */
+typedef struct tok_span {
+    size_t off, len;
+} tok_span;
+
+/* tok_encode with parse_special, except that a control/unknown token's text
+ * is recognised only where it overlaps none of the n_plain byte ranges
+ * `plain` (sorted or not): the chat API passes the messages' contents there,
+ * so only the template's own text yields special tokens and a user cannot
+ * forge a turn or an end of sequence. User-defined tokens are recognised
+ * everywhere, as in tok_encode. With n_plain 0 it equals tok_encode(...,
+ * parse_special = true). */
+int tok_encode_guarded(const tok_vocab *v, const char *text, size_t len, bool add_special,
+                       const tok_span *plain, size_t n_plain, int32_t **ids_out, size_t *n_out,
+                       st_err *err);
+
 /* The bytes of one token's piece (see above). Returns the piece length n and
  * writes it to buf only when n <= cap (so call with cap 0 to size it);
  * returns -1 for an out-of-range id. At most tok_max_piece_len(v) bytes. */

@@ -51,8 +51,9 @@ nul:
     return NULL;
 }
 
-int chat_render_messages(json_t *messages, int fmt, char **out, size_t *len, compl_error *e) {
-    *out = NULL;
+int chat_render_messages(json_t *messages, int fmt, bool add_generation_prompt, compl_prompt *out,
+                         compl_error *e) {
+    memset(out, 0, sizeof *out);
     if (!json_is_array(messages) || json_array_size(messages) == 0) {
         compl_error_set(e, 400, "invalid_request_error", "messages", NULL,
                         "'messages' must be a non-empty list of messages");
@@ -96,8 +97,9 @@ int chat_render_messages(json_t *messages, int fmt, char **out, size_t *len, com
         msgs[i].content = texts[i];
     }
     st_err err = {{0}};
-    *out = chat_apply((enum chat_format)fmt, msgs, n, true, len, &err);
-    if (!*out) {
+    out->text = chat_apply_spans((enum chat_format)fmt, msgs, n, add_generation_prompt, &out->len, &out->plain,
+                                 &out->n_plain, &err);
+    if (!out->text) {
         compl_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", err.msg);
         goto out;
     }

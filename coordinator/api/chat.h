@@ -8,20 +8,25 @@
  * message that is not an object, a missing or non-string role, an unknown
  * role ("tool", "developer", "function"...), content missing, null, a
  * non-text part, or holding NUL. The rendered text is what the engine
- * tokenizes (with parse_special: it contains the template's special-token
- * text) and the template's turn end (chat_format_turn_end) becomes an extra
- * stop string. See docs/chat-templates.md and docs/api.md.
+ * tokenizes: special-token text is read only from the template's own text,
+ * never from a message's content (prompt.h, tok_encode_guarded), and the
+ * template's turn end (chat_format_turn_end) becomes an extra stop string.
+ * See docs/chat-templates.md and docs/api.md.
  */
 #ifndef STRATA_COORDINATOR_CHAT_H
 #define STRATA_COORDINATOR_CHAT_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "coordinator/api/api_error.h"
+#include "coordinator/api/prompt.h"
 
-/* Renders messages with fmt (enum chat_format) and the generation prompt.
- * 0 with *out (malloc'd, NUL-terminated) and *len, or -1 with e (400). */
-int chat_render_messages(json_t *messages, int fmt, char **out, size_t *len, compl_error *e);
+/* Renders messages with fmt (enum chat_format), and the generation prompt
+ * when add_generation_prompt (chat completions always), into out: text (malloc'd, NUL-terminated) and the contents' spans (plain).
+ * 0, or -1 with e (400) and out empty. */
+int chat_render_messages(json_t *messages, int fmt, bool add_generation_prompt, compl_prompt *out,
+                         compl_error *e);
 
 #endif

@@ -86,34 +86,114 @@ static int get_str(json_t *o, const char *key, char **out, compl_error *e) {
     return 0;
 }
 
-static int parse_prompt(json_t *o, compl_request *r, compl_error *e) {
-    /* prompt: a string (or a list holding exactly one string). */
-    json_t *p = json_object_get(o, "prompt");
-    if (!p || json_is_null(p)) return bad(e, "prompt", "'prompt' is required");
-    if (json_is_array(p)) {
-        if (json_array_size(p) != 1 || !json_is_string(json_array_get(p, 0)))
-            return bad(e, "prompt",
-                       "'prompt' must be a string (a list is accepted only with one string; "
-                       "token-id prompts and batches are not supported)");
-        p = json_array_get(p, 0);
+/* The fields each route knows. Anything else is refused (docs/api.md),
+ * as OpenAI refuses an unknown argument; the vendor fields are vLLM's. */
+static const char *const k_common_fields[] = {
+    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
+    "stream_options", "n", "best_of", "logprobs", "user", "presence_penalty",
+    "frequency_penalty", "logit_bias", "return_token_ids", "ignore_eos", "repetition_penalty",
+    "min_tokens", "stop_token_ids", "skip_special_tokens",
+    /* OpenAI fields with nothing to do here: accepted and ignored */
+    "store", "metadata", "service_tier", NULL};
+static const char *const k_completion_fields[] = {"prompt", "echo", "suffix",
+                                                  "add_special_tokens", NULL};
+static const char *const k_chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs",
+                                            "tools", "tool_choice", "parallel_tool_calls",
+                                            "response_format", NULL};
+
+static bool in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return true;
+    return false;
+}
+
+static int check_known_fields(json_t *o, bool chat, compl_error *e) {
+    char names[400] = "", *p = names;
+    const char *first = NULL;
+    int n = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        if (in_list(k_common_fields, k) || in_list(chat ? k_chat_fields : k_completion_fields, k))
+            continue;
+        if (!first) first = k;
+        int w = snprintf(p, (size_t)(names + sizeof names - p), "%s%.60s", n ? ", " : "", k);
+        if (w > 0 && p + w < names + sizeof names) p += w;
+        n++;
     }
-    if (!json_is_string(p)) return bad(e, "prompt", "'prompt' must be a string");
-    r->prompt_len = json_string_length(p);
-    if (memchr(json_string_value(p), '\0', r->prompt_len))
-        return bad(e, "prompt", "'prompt' must not contain NUL characters");
-    r->prompt = strndup(json_string_value(p), r->prompt_len);
-    if (!r->prompt) return bad(e, "prompt", "out of memory");
+    if (!n) return 0;
+    compl_error_set(e, 400, "invalid_request_error", first, "unrecognized_argument",
+                    "Unrecognized request argument%s supplied: %s", n > 1 ? "s" : "", names);
+    return -1;
+}
+
+/* logit_bias: {"<token id>": bias in [-100, 100], ...} (OpenAI). */
+static int parse_logit_bias(json_t *o, const compl_limits *lim, compl_request *r, compl_error *e) {
+    json_t *lb = field(o, "logit_bias");
+    if (!lb) return 0;
+    if (!json_is_object(lb))
+        return bad(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    size_t n = json_object_size(lb);
+    if (n > COMPL_MAX_LOGIT_BIAS)
+        return bad(e, "logit_bias", "'logit_bias' has %zu entries; at most %d are allowed", n,
+                   COMPL_MAX_LOGIT_BIAS);
+    if (n == 0) return 0;
+    r->bias_ids = malloc(n * sizeof *r->bias_ids);
+    r->bias_values = malloc(n * sizeof *r->bias_values);
+    if (!r->bias_ids || !r->bias_values) return bad(e, "logit_bias", "out of memory");
+    int32_t nv = lim && lim->tok ? lim->tok->n_vocab : 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(lb, k, v) {
+        char *end = NULL;
+        long long id = strtoll(k, &end, 10);
+        if (!*k || *end || id < 0 || id > INT32_MAX || (nv > 0 && id >= nv))
+            return bad(e, "logit_bias",
+                       "'logit_bias' key '%.40s' is not a token id in the vocabulary [0, %d)", k,
+                       (int)nv);
+        if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
+            return bad(e, "logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+        r->bias_ids[r->n_bias] = (int32_t)id;
+        r->bias_values[r->n_bias++] = (float)json_number_value(v);
+    }
+    return 0;
+}
+
+static int parse_stop_token_ids(json_t *o, const compl_limits *lim, compl_request *r,
+                                compl_error *e) {
+    json_t *a = field(o, "stop_token_ids");
+    if (!a) return 0;
+    if (!json_is_array(a))
+        return bad(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
+    if (json_array_size(a) > COMPL_MAX_STOP_TOKEN_IDS)
+        return bad(e, "stop_token_ids", "'stop_token_ids' has %zu entries; at most %d are allowed",
+                   json_array_size(a), COMPL_MAX_STOP_TOKEN_IDS);
+    int32_t nv = lim && lim->tok ? lim->tok->n_vocab : 0;
+    size_t i;
+    json_t *x;
+    json_array_foreach(a, i, x) {
+        json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
+        if (id < 0 || id > INT32_MAX || (nv > 0 && id >= nv))
+            return bad(e, "stop_token_ids",
+                       "'stop_token_ids'[%zu] is not a token id in the vocabulary [0, %d)", i,
+                       (int)nv);
+        r->stop_token_ids[r->n_stop_token_ids++] = (int32_t)id;
+    }
     return 0;
 }
 
 static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, compl_error *e,
                         bool chat) {
+    if (check_known_fields(o, chat, e)) return -1;
     if (chat) {
         r->chat = true;
-        if (chat_render_messages(json_object_get(o, "messages"), lim ? lim->chat_format : 0,
-                                 &r->prompt, &r->prompt_len, e) != 0)
+        if (!(r->prompts = calloc(1, sizeof *r->prompts))) return bad(e, NULL, "out of memory");
+        r->n_prompts = 1;
+        if (chat_render_messages(json_object_get(o, "messages"), lim ? lim->chat_format : 0, true,
+                                 &r->prompts[0], e) != 0)
             return -1;
-    } else if (parse_prompt(o, r, e) != 0) {
+    } else if (compl_prompts_parse(json_object_get(o, "prompt"), lim ? lim->tok : NULL,
+                                   &r->prompts, &r->n_prompts, e) != 0) {
         return -1;
     }
 
@@ -139,7 +219,7 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
                    lim->n_ctx);
     r->max_tokens = (int)x;
     if (get_num(o, "temperature", 0, 2, false, &r->temperature, e)) return -1;
-    if (get_num(o, "top_p", 0, 1, true, &r->top_p, e)) return -1;
+    if (get_num(o, "top_p", 0, 1, false, &r->top_p, e)) return -1;
     x = 0;
     if (get_int(o, "top_k", -1, INT32_MAX, &x, e)) return -1;
     r->top_k = x < 0 ? 0 : (int)x;
@@ -152,6 +232,25 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
     }
     if (get_num(o, "presence_penalty", -2, 2, false, &r->presence_penalty, e)) return -1;
     if (get_num(o, "frequency_penalty", -2, 2, false, &r->frequency_penalty, e)) return -1;
+    if (get_num(o, "repetition_penalty", 0, 100, true, &r->repetition_penalty, e)) return -1;
+    if (r->repetition_penalty < 0.01)
+        return bad(e, "repetition_penalty", "'repetition_penalty' must be in [0.01, 100]; got %g",
+                   r->repetition_penalty);
+    x = 0;
+    if (get_int(o, "min_tokens", 0, INT32_MAX, &x, e)) return -1;
+    if (x > r->max_tokens && !r->max_tokens_auto)
+        return bad(e, "min_tokens", "'min_tokens' (%lld) must not exceed 'max_tokens' (%d)", x,
+                   r->max_tokens);
+    r->min_tokens = (int)x;
+    if (parse_stop_token_ids(o, lim, r, e)) return -1;
+    if (parse_logit_bias(o, lim, r, e)) return -1;
+    /* TEMPORARY (issue 16, next piece): the engine does not apply these yet. */
+    if (r->repetition_penalty != 1.0)
+        return bad(e, "repetition_penalty", "'repetition_penalty' is not supported yet");
+    if (r->min_tokens > 0) return bad(e, "min_tokens", "'min_tokens' is not supported yet");
+    if (r->n_bias > 0) return bad(e, "logit_bias", "'logit_bias' is not supported yet");
+    if (get_bool(o, "skip_special_tokens", &r->skip_special_tokens, e)) return -1;
+    if (!chat && get_bool(o, "add_special_tokens", &r->add_special_tokens, e)) return -1;
 
     json_t *st = field(o, "stop");
     if (st) {
@@ -192,11 +291,19 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
         if (get_bool(so, "include_usage", &r->include_usage, e)) return -1;
     }
     x = 1;
-    if (get_int(o, "n", LLONG_MIN, LLONG_MAX, &x, e)) return -1;
-    if (x != 1) return bad(e, "n", "'n' must be 1 (got %lld): one completion per request", x);
-    x = 1;
+    if (get_int(o, "n", 1, COMPL_MAX_N, &x, e)) return -1;
+    r->n = (int)x;
+    if ((long long)r->n * r->n_prompts > COMPL_MAX_CHOICES)
+        return bad(e, "n", "%d prompts x 'n' %d is %d choices; at most %d are allowed in one request",
+                   r->n_prompts, r->n, r->n_prompts * r->n, COMPL_MAX_CHOICES);
+    /* best_of: every sample is returned (vLLM V1 has no best_of either), so
+     * only best_of == n means what the client asked for. */
+    x = r->n;
     if (get_int(o, "best_of", LLONG_MIN, LLONG_MAX, &x, e)) return -1;
-    if (x != 1) return bad(e, "best_of", "'best_of' must be 1 (got %lld)", x);
+    if (x != r->n)
+        return bad(e, "best_of",
+                   "'best_of' must equal 'n' (%d; got %lld): Strata returns every sample it draws",
+                   r->n, x);
     json_t *lp = field(o, "logprobs");
     if (chat) {
         bool want = false;
@@ -221,13 +328,14 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
     json_t *sfx = field(o, "suffix");
     if (sfx && (!json_is_string(sfx) || json_string_length(sfx) > 0))
         return bad(e, "suffix", "'suffix' is not supported");
-    json_t *lb = field(o, "logit_bias");
-    if (lb && (!json_is_object(lb) || json_object_size(lb) > 0))
-        return bad(e, "logit_bias", "'logit_bias' is not supported");
     if (chat) {
         json_t *tools = field(o, "tools");
         if (tools && (!json_is_array(tools) || json_array_size(tools) > 0))
             return bad(e, "tools", "'tools' (function calling) is not supported");
+        json_t *tc = field(o, "tool_choice");
+        if (tc && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") ||
+                                           !strcmp(json_string_value(tc), "auto"))))
+            return bad(e, "tool_choice", "'tool_choice' must be \"none\" or \"auto\" (no tools)");
         json_t *rf = field(o, "response_format");
         json_t *rft = rf ? json_object_get(rf, "type") : NULL;
         if (rf && !(json_is_string(rft) && strcmp(json_string_value(rft), "text") == 0))
@@ -251,6 +359,10 @@ static int parse_any(const char *body, size_t len, const compl_limits *lim, comp
     r->temperature = 1.0;
     r->top_p = 1.0;
     r->logprobs = -1;
+    r->n = 1;
+    r->repetition_penalty = 1.0;
+    r->skip_special_tokens = true;
+    r->add_special_tokens = true;
     json_error_t jerr;
     json_t *o = json_loadb(body, len, JSON_DECODE_ANY, &jerr);
     if (!o) {
@@ -281,54 +393,41 @@ int compl_parse_chat(const char *body, size_t len, const compl_limits *lim, comp
 
 void compl_request_free(compl_request *r) {
     if (!r) return;
-    free(r->prompt);
+    compl_prompts_free(r->prompts, r->n_prompts);
     free(r->model);
     free(r->user);
+    free(r->bias_ids);
+    free(r->bias_values);
     for (int i = 0; i < COMPL_MAX_STOP + 1; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
     r->logprobs = -1;
 }
 
-static int vocab_encode(void *ctx, const char *text, size_t len, bool parse_special, int32_t **ids, size_t *n,
-                        st_err *err) {
-    return tok_encode(ctx, text, len, true, parse_special, ids, n, err);
-}
-
-compl_tokenizer compl_tokenizer_vocab(const tok_vocab *vocab) {
-    compl_tokenizer t = {vocab_encode, (void *)vocab};
-    return t;
-}
-
-int compl_engine_request(const compl_request *q, const compl_tokenizer *tok, coord_request *out, int32_t **ids,
-                         compl_error *e) {
+int compl_engine_request(const compl_request *q, int choice, const compl_tokenizer *tok,
+                         coord_request *out, int32_t **ids, compl_error *e) {
     memset(out, 0, sizeof *out);
     *ids = NULL;
-    size_t n = 0;
-    st_err err = {{0}};
-    /* Chat prompts hold the template's special-token text (docs/chat-templates.md). */
-    if (tok->encode(tok->ctx, q->prompt, q->prompt_len, q->chat, ids, &n, &err) != 0) {
-        compl_error_set(e, 400, "invalid_request_error", NULL, NULL, "%s", err.msg);
+    int n = 0;
+    const compl_prompt *p = &q->prompts[choice / q->n];
+    int sample = choice % q->n;
+    if (compl_prompt_ids(p, tok, q->chat, q->chat || q->add_special_tokens, ids, &n, e) != 0)
         return -1;
-    }
-    if (n == 0) {
-        free(*ids);
-        *ids = NULL;
-        compl_error_set(e, 400, "invalid_request_error", NULL, NULL, "the prompt has no tokens");
-        return -1;
-    }
     out->prompt = *ids;
-    out->n_prompt = (int)n;
+    out->n_prompt = n;
     out->max_tokens = q->max_tokens;
     out->max_tokens_auto = q->max_tokens_auto;
     out->sampling = sampler_default_params();
-    out->sampling.temperature = (float)q->temperature;
+    /* top_p 0 keeps only the argmax (vLLM): greedy. */
+    bool greedy = q->temperature == 0.0 || q->top_p == 0.0;
+    out->sampling.temperature = greedy ? 0.0f : (float)q->temperature;
     out->sampling.top_k = q->top_k;
-    out->sampling.top_p = (float)q->top_p;
+    out->sampling.top_p = greedy ? 1.0f : (float)q->top_p;
     out->sampling.min_p = (float)q->min_p;
     out->sampling.repeat_penalty = 1.0f;
     out->sampling.presence_penalty = (float)q->presence_penalty;
     out->sampling.frequency_penalty = (float)q->frequency_penalty;
-    out->sampling.seed = (uint64_t)q->seed;
+    /* Sample i of a prompt draws with seed + i (vLLM's per-child seed). */
+    out->sampling.seed = (uint64_t)q->seed + (uint64_t)sample;
     out->sampling.n_top_logprobs = q->logprobs > 0 ? q->logprobs : 0;
     out->has_seed = q->has_seed;
     out->ignore_eos = q->ignore_eos;
@@ -392,8 +491,15 @@ static json_t *bytes_json(const char *s, size_t n) {
 }
 
 int compl_output_init(compl_output *o, const compl_request *req) {
+    return compl_output_init_choice(o, req, 0);
+}
+
+int compl_output_init_choice(compl_output *o, const compl_request *req, int choice) {
     memset(o, 0, sizeof *o);
     o->req = req;
+    o->index = choice;
+    o->prompt = &req->prompts[choice / (req->n > 0 ? req->n : 1)];
+    o->counts_prompt = choice % (req->n > 0 ? req->n : 1) == 0;
     /* The client's stop strings, then the chat template's end of turn. */
     int n = req->n_stop < STOP_MAX_STRINGS ? req->n_stop : STOP_MAX_STRINGS;
     st_err err;
@@ -487,6 +593,11 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
     }
     o->ids[o->n_ids++] = id;
     if (o->stopped) return 1;
+    for (int i = 0; i < o->req->n_stop_token_ids; i++)
+        if (o->req->stop_token_ids[i] == id) {
+            o->stopped = true; /* its text is left out (vLLM) */
+            return 1;
+        }
     /* Where this piece starts in the text: after the bytes fed to the
      * matcher so far and a held character's bytes (or its U+FFFD). */
     size_t offset = o->stop.fed + utf8_stream_offset(&o->utf8, piece, len);
@@ -523,7 +634,7 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
             free(k);
         }
         json_array_append_new(a->top_logprobs, top);
-        size_t echo = o->req->echo ? o->req->prompt_len : 0;
+        size_t echo = o->req->echo ? o->prompt->len : 0;
         json_array_append_new(a->text_offset, json_integer((json_int_t)(echo + offset)));
     }
     return r; /* the token's logprobs are kept even when it completed a stop string */
@@ -545,9 +656,15 @@ static const char *chunk_object(const compl_output *o) {
     return o->req->chat ? "chat.completion.chunk" : "text_completion";
 }
 
-static json_t *usage_json(const compl_output *o) {
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", o->n_prompt, "completion_tokens", o->n_ids,
-                     "total_tokens", o->n_prompt + o->n_ids);
+/* Each prompt counts once (its sample 0), every choice's tokens count. */
+static json_t *usage_json(const compl_output *o, int n) {
+    long long p = 0, c = 0;
+    for (int i = 0; i < n; i++) {
+        if (o[i].counts_prompt) p += o[i].n_prompt;
+        c += o[i].n_ids;
+    }
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens",
+                     (json_int_t)c, "total_tokens", (json_int_t)(p + c));
 }
 
 static char *dump(json_t *root) {
@@ -568,10 +685,10 @@ char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finis
         return NULL;
     }
     /* The text: the echoed prompt first, then the new completion bytes. */
-    size_t pl = echo ? o->req->prompt_len : 0;
+    size_t pl = echo ? o->prompt->len : 0;
     char *buf = malloc(pl + (r - o->sent) + 1);
     if (!buf) return NULL;
-    if (pl) memcpy(buf, o->req->prompt, pl);
+    if (pl) memcpy(buf, o->prompt->text, pl);
     memcpy(buf + pl, o->text ? o->text + o->sent : "", r - o->sent);
     json_t *text = jstr(buf, pl + (r - o->sent));
     free(buf);
@@ -584,7 +701,7 @@ char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finis
             json_decref(text);
         text = delta;
     }
-    json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, o->req->chat ? "delta" : "text",
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", o->index, o->req->chat ? "delta" : "text",
                                text, "logprobs", o->lp ? lp_take(o) : json_null(), "finish_reason",
                                final ? json_string(finish) : json_null());
     if (!choice) return NULL;
@@ -604,7 +721,7 @@ char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finis
 
 char *compl_output_role_chunk(compl_output *o, const compl_meta *m) {
     o->role_sent = true;
-    json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role",
+    json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", o->index, "delta", "role",
                                "assistant", "content", "", "logprobs", "finish_reason");
     if (!choice) return NULL;
     json_t *root = envelope(m, "chat.completion.chunk", json_pack("[o]", choice));
@@ -612,33 +729,45 @@ char *compl_output_role_chunk(compl_output *o, const compl_meta *m) {
     return dump(root);
 }
 
-char *compl_output_usage_chunk(compl_output *o, const compl_meta *m) {
+char *compl_output_usage_chunk(compl_output *o, int n, const compl_meta *m) {
     json_t *root = envelope(m, chunk_object(o), json_array());
-    if (root) json_object_set_new(root, "usage", usage_json(o));
+    if (root) json_object_set_new(root, "usage", usage_json(o, n));
     return dump(root);
 }
 
-char *compl_output_response(compl_output *o, const compl_meta *m, const char *finish) {
+/* One choice of the non-streaming response. */
+static json_t *choice_json(compl_output *o, const char *finish) {
     if (finish_text(o) != 0) return NULL;
     if (o->stopped) finish = "stop";
-    size_t pl = o->req->echo ? o->req->prompt_len : 0;
+    size_t pl = o->req->echo ? o->prompt->len : 0;
     char *buf = malloc(pl + o->len + 1);
     if (!buf) return NULL;
-    if (pl) memcpy(buf, o->req->prompt, pl);
+    if (pl) memcpy(buf, o->prompt->text, pl);
     if (o->len) memcpy(buf + pl, o->text, o->len);
     json_t *text = jstr(buf, pl + o->len);
     free(buf);
     if (o->req->chat) text = json_pack("{s:s,s:o}", "role", "assistant", "content", text);
-    json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, o->req->chat ? "message" : "text",
-                               text, "logprobs", o->lp ? lp_take(o) : json_null(), "finish_reason",
-                               finish);
-    if (!choice) return NULL;
-    if (o->req->return_token_ids) {
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", o->index,
+                               o->req->chat ? "message" : "text", text, "logprobs",
+                               o->lp ? lp_take(o) : json_null(), "finish_reason", finish);
+    if (choice && o->req->return_token_ids) {
         json_object_set_new(choice, "prompt_token_ids", ids_json(o->prompt_ids, o->n_prompt));
         json_object_set_new(choice, "token_ids", ids_json(o->ids, o->n_ids));
     }
-    json_t *root =
-        envelope(m, o->req->chat ? "chat.completion" : "text_completion", json_pack("[o]", choice));
-    if (root) json_object_set_new(root, "usage", usage_json(o));
+    return choice;
+}
+
+char *compl_output_response(compl_output *o, int n, const compl_meta *m,
+                            const char *const *finish) {
+    json_t *choices = json_array();
+    for (int i = 0; choices && i < n; i++) {
+        json_t *c = choice_json(&o[i], finish[i]);
+        if (!c || json_array_append_new(choices, c) != 0) {
+            json_decref(choices);
+            return NULL;
+        }
+    }
+    json_t *root = envelope(m, o->req->chat ? "chat.completion" : "text_completion", choices);
+    if (root) json_object_set_new(root, "usage", usage_json(o, n));
     return dump(root);
 }

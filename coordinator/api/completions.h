@@ -43,6 +43,7 @@
 
 #include "common/err.h"
 #include "coordinator/api/api_error.h"
+#include "coordinator/api/prompt.h"
 #include "coordinator/serve/engine_api.h"
 #include "model/tokenizer.h"
 #include "common/utf8.h"
@@ -54,18 +55,23 @@
 #define COMPL_MAX_TOP_LOGPROBS 20 /* OpenAI's limit for chat's top_logprobs */
 #define COMPL_DEFAULT_MAX_TOKENS 16
 
+#define COMPL_MAX_N 128             /* n: samples per prompt (COMPL_MAX_CHOICES in all) */
+#define COMPL_MAX_STOP_TOKEN_IDS 64 /* stop_token_ids entries */
+#define COMPL_MAX_LOGIT_BIAS 1024   /* logit_bias entries */
+
 /* A validated request. Strings are malloc'd, NUL-terminated, valid UTF-8. */
 typedef struct compl_request {
-    char *prompt;
-    size_t prompt_len;
+    compl_prompt *prompts;  /* >= 1 (prompt.h); chat: exactly one, the rendered template */
+    int n_prompts;
+    int n;                  /* samples per prompt, 1..COMPL_MAX_N; n_prompts * n <= COMPL_MAX_CHOICES */
     char *model;            /* NULL when absent */
     int max_tokens;         /* >= 1; default 16 */
     double temperature;     /* [0, 2]; default 1; 0 = greedy */
-    double top_p;           /* (0, 1]; default 1 */
+    double top_p;           /* [0, 1]; default 1; 0 = greedy (keep the argmax, as vLLM) */
     int top_k;              /* >= 0; 0 = off (-1 in the request also means off) */
     double min_p;           /* [0, 1]; default 0 */
     bool has_seed;
-    int64_t seed;
+    int64_t seed;           /* choice i of a prompt samples with seed + i (vLLM's rule) */
     char *stop[COMPL_MAX_STOP + 1]; /* + the chat template's turn end (chat.h) */
     int n_stop;
     bool stream;
@@ -76,11 +82,20 @@ typedef struct compl_request {
                                (chat: top_logprobs, 0..COMPL_MAX_TOP_LOGPROBS) */
     double presence_penalty;  /* [-2, 2] */
     double frequency_penalty; /* [-2, 2] */
-    bool ignore_eos;        /* vendor field (vLLM's): generate past EOS up to max_tokens */
+    /* vLLM's sampling extras (docs/api.md) */
+    double repetition_penalty; /* (0, 100]; 1 = off; over prompt + generated tokens */
+    bool ignore_eos;        /* generate past EOS up to max_tokens */
+    int min_tokens;         /* [0, max_tokens]: EOS and stop_token_ids masked before it */
+    int32_t stop_token_ids[COMPL_MAX_STOP_TOKEN_IDS]; /* a sampled one ends the choice ("stop") */
+    int n_stop_token_ids;
+    bool skip_special_tokens; /* default true: control tokens add no text */
+    bool add_special_tokens;  /* completions: BOS before a text prompt (default true) */
+    int32_t *bias_ids;      /* logit_bias: token ids (malloc'd) ... */
+    float *bias_values;     /* ... and what is added to their logits, [-100, 100] */
+    int n_bias;
     char *user;
-    /* POST /v1/chat/completions (coordinator/api/chat.h): prompt is the rendered
-     * conversation, tokenized with parse_special; responses are
-     * chat.completion(.chunk) objects. */
+    /* POST /v1/chat/completions (coordinator/api/chat.h): the prompt is the
+     * rendered conversation; responses are chat.completion(.chunk) objects. */
     bool chat;
     /* max_tokens was not given and the request is a chat: generate up to the
      * context (the engine clamps max_tokens to n_ctx - prompt tokens). */
@@ -94,12 +109,15 @@ typedef struct compl_limits {
     int n_ctx;              /* max_tokens above this is refused; 0 = no check */
     const char *model_name; /* a request naming another model gets 404; NULL = any */
     int chat_format;        /* enum chat_format (model/chat_template.h) for chat requests */
+    const compl_tokenizer *tok; /* token-id checks and echo text; NULL = none */
 } compl_limits;
 
 /* Parses and validates a body. -1 + e (status 400, or 404 for an unknown
- * model) on malformed JSON, invalid UTF-8, a non-object, a missing or
- * non-string prompt, wrong types, out-of-range values, n != 1, a bad stop
- * (not a string or list, more than 4, empty, longer than 256 bytes). */
+ * model) on malformed JSON, invalid UTF-8, a non-object, a missing or bad
+ * prompt (prompt.h), wrong types, out-of-range values, a bad stop (not a
+ * string or list, more than 4, empty, longer than 256 bytes), and a field
+ * this API does not know (docs/api.md: "Unrecognized request argument
+ * supplied: NAME", param NAME). */
 int compl_parse(const char *body, size_t len, const compl_limits *lim, compl_request *out,
                 compl_error *e);
 /* The same for POST /v1/chat/completions: "messages" (coordinator/api/chat.h)
@@ -109,24 +127,16 @@ int compl_parse_chat(const char *body, size_t len, const compl_limits *lim, comp
                      compl_error *e);
 void compl_request_free(compl_request *r);
 
-/* How prompts become token ids: tok_encode over the model's vocabulary
- * (compl_tokenizer_vocab), or a test double. encode gives *ids (malloc'd)
- * with BOS added, parsing special-token text when parse_special; 0 or -1 +
- * err. */
-typedef struct compl_tokenizer {
-    int (*encode)(void *ctx, const char *text, size_t len, bool parse_special, int32_t **ids, size_t *n,
-                  st_err *err);
-    void *ctx;
-} compl_tokenizer;
-compl_tokenizer compl_tokenizer_vocab(const tok_vocab *vocab);
+/* Choices: choice c answers prompt c / n with sample c % n. */
+static inline int compl_n_choices(const compl_request *q) { return q->n_prompts * q->n; }
 
-/* The engine's request for q (serve/engine_api.h): the prompt tokenized
- * (chat prompts with parse_special, as their template text holds special
- * tokens), the sampling parameters, limits and request id. *ids (malloc'd,
- * the caller frees) backs out->prompt. -1 with e (400) when the prompt does
- * not tokenize or has no tokens. */
-int compl_engine_request(const compl_request *q, const compl_tokenizer *tok, coord_request *out, int32_t **ids,
-                         compl_error *e);
+/* The engine's request for choice `choice` of q (serve/engine_api.h): its
+ * prompt's ids (compl_prompt_ids), the sampling parameters (seed + sample
+ * index), limits and request id. *ids (malloc'd, the caller frees) backs
+ * out->prompt. -1 with e (400) when the prompt does not tokenize or has no
+ * tokens. */
+int compl_engine_request(const compl_request *q, int choice, const compl_tokenizer *tok,
+                         coord_request *out, int32_t **ids, compl_error *e);
 
 /* Identity of a response: shared by every chunk of a stream. */
 typedef struct compl_meta {
@@ -135,9 +145,12 @@ typedef struct compl_meta {
     const char *model;
 } compl_meta;
 
-/* The growing output of one request. */
+/* The growing output of one choice. */
 typedef struct compl_output {
     const compl_request *req;
+    int index;           /* the choice's index in the response */
+    const compl_prompt *prompt; /* its prompt (echo) */
+    bool counts_prompt;  /* usage counts its prompt tokens (sample 0 of each prompt) */
     utf8_stream utf8;    /* raw piece bytes -> valid UTF-8 */
     stop_matcher stop;   /* the request's stop strings, over that text */
     char *text;          /* completion text released by the matcher (ready to emit) */
@@ -156,14 +169,16 @@ typedef struct compl_output {
 } compl_output;
 
 /* -1 on out of memory or a stop list the matcher refuses (a parsed request
- * never has one). */
+ * never has one). compl_output_init is choice 0. */
 int compl_output_init(compl_output *o, const compl_request *req);
+int compl_output_init_choice(compl_output *o, const compl_request *req, int choice);
 void compl_output_free(compl_output *o);
 /* The prompt's token ids (for usage and prompt_token_ids). */
 int compl_output_prompt(compl_output *o, const int32_t *ids, int n);
 /* Appends a generated token and its text piece. Returns 1 when a stop string
- * has now matched (the caller stops the sequence), 0 otherwise, -1 on out of
- * memory. After a match further calls only count the token. */
+ * has now matched or the token is one of stop_token_ids (its text is then
+ * left out, as vLLM does; the caller stops the sequence), 0 otherwise, -1 on
+ * out of memory. After a match further calls only count the token. */
 int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t len,
                        const coord_logprobs *lp);
 /* Streaming: "data: {chunk}\n\n" payload JSON (malloc'd) with what is new and
@@ -174,9 +189,12 @@ int compl_output_token(compl_output *o, int32_t id, const char *piece, size_t le
 char *compl_output_chunk(compl_output *o, const compl_meta *m, const char *finish, bool *none);
 /* Chat streams: the first chunk, delta {"role":"assistant","content":""}. */
 char *compl_output_role_chunk(compl_output *o, const compl_meta *m);
-/* The usage-only final chunk of stream_options.include_usage. */
-char *compl_output_usage_chunk(compl_output *o, const compl_meta *m);
-/* The whole non-streaming response. */
-char *compl_output_response(compl_output *o, const compl_meta *m, const char *finish);
+/* The usage-only final chunk of stream_options.include_usage, over the
+ * choices o[0..n): prompt tokens of each prompt once, completion tokens of
+ * every choice. */
+char *compl_output_usage_chunk(compl_output *o, int n, const compl_meta *m);
+/* The whole non-streaming response of choices o[0..n) with finish[i]. */
+char *compl_output_response(compl_output *o, int n, const compl_meta *m,
+                            const char *const *finish);
 
 #endif

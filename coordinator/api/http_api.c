@@ -23,6 +23,7 @@
 #include "common/metrics.h"
 #include "coordinator/api/completions.h"
 #include "coordinator/api/metrics_coord.h"
+#include "coordinator/api/tokenize.h"
 #include "model/chat_template.h"
 
 typedef struct call call;
@@ -47,15 +48,26 @@ struct http_api {
     int n_active;
 };
 
+/* One choice of a completion: its own engine request (n > 1 and batched
+ * prompts give several). */
+typedef struct choice {
+    call *c;
+    int index;           /* into c->outs */
+    uint64_t engine_id;
+    bool open;           /* submitted and not finished */
+    const char *finish;  /* "stop" / "length" once finished */
+} choice;
+
 /* One completion in progress. */
 struct call {
     http_api *api;
     struct evhttp_request *req;
     struct evhttp_connection *evcon;
     compl_request params;
-    compl_output out;
+    compl_output *outs;  /* one per choice, index order */
+    choice *ch;
+    int n_ch, n_open;
     compl_meta meta;
-    uint64_t engine_id;
     bool stream;
     double t0, t_first, t_last; /* arrival, first and latest token (monotonic seconds) */
     int n_tokens;        /* tokens delivered */
@@ -127,9 +139,33 @@ static void call_unlink(call *c) {
 }
 
 static void call_free(call *c) {
-    compl_output_free(&c->out);
+    for (int i = 0; c->outs && i < c->n_ch; i++) compl_output_free(&c->outs[i]);
+    free(c->outs);
+    free(c->ch);
     compl_request_free(&c->params);
     free(c);
+}
+
+/* Cancels every choice still running in the engine. */
+static void call_cancel_open(call *c) {
+    for (int i = 0; i < c->n_ch; i++)
+        if (c->ch[i].open) {
+            c->ch[i].open = false;
+            c->n_open--;
+            c->api->engine->ops->cancel(c->api->engine->impl, c->ch[i].engine_id);
+        }
+}
+
+static int call_prompt_tokens(const call *c) {
+    int n = 0;
+    for (int i = 0; i < c->n_ch; i++) n += c->outs[i].counts_prompt ? c->outs[i].n_prompt : 0;
+    return n;
+}
+
+static int call_completion_tokens(const call *c) {
+    int n = 0;
+    for (int i = 0; i < c->n_ch; i++) n += c->outs[i].n_ids;
+    return n;
 }
 
 /* Detaches from the connection and frees (the request is answered or gone). */
@@ -149,26 +185,25 @@ static void send_sse(call *c, const char *data) {
     evbuffer_free(b);
 }
 
-/* Answers the request with its final text (or chunk) and frees the call. */
-static void call_finish(call *c, const char *finish) {
+/* Answers the request once every choice finished, and frees the call. */
+static void call_complete(call *c) {
     double now = st_now_s();
-    ST_REQ_INFO(c->meta.id, "http: finished (%s): %d prompt + %d completion tokens, TTFT %.3f s, %.3f s in all",
-                finish, c->out.n_prompt, c->out.n_ids, c->n_tokens ? c->t_first - c->t0 : -1.0,
-                now - c->t0);
+    ST_REQ_INFO(c->meta.id, "http: finished (%s): %d choice%s, %d prompt + %d completion tokens, TTFT %.3f s, %.3f s in all",
+                c->ch[0].finish, c->n_ch, c->n_ch == 1 ? "" : "s", call_prompt_tokens(c),
+                call_completion_tokens(c), c->n_tokens ? c->t_first - c->t0 : -1.0, now - c->t0);
     if (c->stream) {
-        bool none;
-        char *j = compl_output_chunk(&c->out, &c->meta, finish, &none);
-        if (j) send_sse(c, j);
-        free(j);
         if (c->params.include_usage) {
-            j = compl_output_usage_chunk(&c->out, &c->meta);
+            char *j = compl_output_usage_chunk(c->outs, c->n_ch, &c->meta);
             if (j) send_sse(c, j);
             free(j);
         }
         send_sse(c, "[DONE]");
         evhttp_send_reply_end(c->req);
     } else {
-        char *j = compl_output_response(&c->out, &c->meta, finish);
+        const char **fin = malloc(sizeof *fin * (size_t)c->n_ch);
+        for (int i = 0; fin && i < c->n_ch; i++) fin[i] = c->ch[i].finish;
+        char *j = fin ? compl_output_response(c->outs, c->n_ch, &c->meta, fin) : NULL;
+        free(fin);
         if (j)
             reply_json(c->api, c->req, 200, j);
         else
@@ -178,9 +213,30 @@ static void call_finish(call *c, const char *finish) {
     call_done(c);
 }
 
+/* One choice finished: its last chunk on a stream; the answer when it was
+ * the last one open. Returns true when the call is freed. */
+static bool choice_finish(choice *h, const char *finish) {
+    call *c = h->c;
+    if (h->open) {
+        h->open = false;
+        c->n_open--;
+    }
+    h->finish = finish;
+    if (c->stream) {
+        bool none;
+        char *j = compl_output_chunk(&c->outs[h->index], &c->meta, finish, &none);
+        if (j) send_sse(c, j);
+        free(j);
+    }
+    if (c->n_open > 0) return false;
+    call_complete(c);
+    return true;
+}
+
 /* Ends a call with an error: an SSE error event and [DONE] on a stream,
  * else the error reply. */
 static void call_error(call *c, const compl_error *e) {
+    call_cancel_open(c);
     if (c->stream) {
         char *j = compl_error_json(e);
         if (j) send_sse(c, j);
@@ -202,14 +258,17 @@ static void call_fail(call *c, const char *message) {
 }
 
 static void sink_prompt(void *ctx, const int32_t *ids, int n) {
-    call *c = ctx;
-    compl_output_prompt(&c->out, ids, n);
-    coord_metrics_prompt_tokens(c->api->metrics, n);
+    choice *h = ctx;
+    call *c = h->c;
+    if (c->outs[h->index].counts_prompt)
+        coord_metrics_prompt_tokens(c->api->metrics, n);
+    if (compl_output_prompt(&c->outs[h->index], ids, n) != 0) call_fail(c, "out of memory");
 }
 
 static void sink_token(void *ctx, int32_t id, const char *piece, size_t len,
                        const coord_logprobs *lp) {
-    call *c = ctx;
+    choice *h = ctx;
+    call *c = h->c;
     double now = st_now_s();
     if (c->n_tokens++ == 0) {
         c->t_first = now;
@@ -219,31 +278,43 @@ static void sink_token(void *ctx, int32_t id, const char *piece, size_t len,
     }
     c->t_last = now;
     coord_metrics_generated_tokens(c->api->metrics, 1);
-    int r = compl_output_token(&c->out, id, piece, len, lp);
+    /* skip_special_tokens false: a control token shows its text (vLLM). */
+    const compl_tokenizer *tok = &c->api->tokenizer;
+    if (!c->params.skip_special_tokens && tok->special_text) {
+        size_t sl = 0;
+        const char *st = tok->special_text(tok->ctx, id, &sl);
+        if (st) piece = st, len = sl;
+    }
+    compl_output *o = &c->outs[h->index];
+    int r = compl_output_token(o, id, piece, len, lp);
     if (r < 0) {
-        c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
         call_fail(c, "out of memory");
         return;
     }
-    if (r == 1) { /* a stop string matched */
-        c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
-        call_finish(c, "stop");
+    if (r == 1) { /* a stop string or stop token matched */
+        h->open = false;
+        c->n_open--;
+        c->api->engine->ops->cancel(c->api->engine->impl, h->engine_id);
+        choice_finish(h, "stop");
         return;
     }
     if (c->stream) {
         bool none;
-        char *j = compl_output_chunk(&c->out, &c->meta, NULL, &none);
+        char *j = compl_output_chunk(o, &c->meta, NULL, &none);
         if (j) send_sse(c, j);
         free(j);
     }
 }
 
 static void sink_finish(void *ctx, enum coord_finish reason, const char *message) {
-    call *c = ctx;
-    if (reason == COORD_FINISH_ERROR)
-        call_fail(c, message);
-    else
-        call_finish(c, reason == COORD_FINISH_STOP ? "stop" : "length");
+    choice *h = ctx;
+    if (reason == COORD_FINISH_ERROR) {
+        h->open = false; /* the engine is done with it */
+        h->c->n_open--;
+        call_fail(h->c, message);
+    } else {
+        choice_finish(h, reason == COORD_FINISH_STOP ? "stop" : "length");
+    }
 }
 
 static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish};
@@ -252,7 +323,7 @@ static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish};
 static void on_conn_close(struct evhttp_connection *evcon, void *arg) {
     call *c = arg;
     ST_REQ_INFO(c->meta.id, "http: client closed the connection; cancelling %s", c->meta.id);
-    c->api->engine->ops->cancel(c->api->engine->impl, c->engine_id);
+    call_cancel_open(c);
     /* On a failed write or read, evhttp detaches a request that is still
      * being answered from the connection and leaves it to us (libevent 2.1
      * evhttp_connection_incoming_fail); otherwise it frees it after this. */
@@ -303,7 +374,7 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     c->t0 = st_now_s();
     snprintf(c->meta.id, sizeof c->meta.id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)api->salt, (unsigned long long)++api->seq);
-    compl_limits lim = {api->n_ctx, api->model_name, api->chat_format};
+    compl_limits lim = {api->n_ctx, api->model_name, api->chat_format, &api->tokenizer};
     int prc = chat ? compl_parse_chat(body ? body : "", len, &lim, &c->params, &e)
                    : compl_parse(body ? body : "", len, &lim, &c->params, &e);
     if (prc != 0) {
@@ -313,7 +384,15 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
         free(c);
         return;
     }
-    if (compl_output_init(&c->out, &c->params) != 0) {
+    c->n_ch = compl_n_choices(&c->params);
+    c->outs = calloc((size_t)c->n_ch, sizeof *c->outs);
+    c->ch = calloc((size_t)c->n_ch, sizeof *c->ch);
+    bool ok = c->outs && c->ch;
+    for (int i = 0; ok && i < c->n_ch; i++) {
+        c->ch[i] = (choice){.c = c, .index = i};
+        ok = compl_output_init_choice(&c->outs[i], &c->params, i) == 0;
+    }
+    if (!ok) {
         reply_simple_error(api, req, 500, "server_error", NULL, "out of memory");
         call_free(c);
         return;
@@ -322,19 +401,29 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     snprintf(c->params.request_id, sizeof c->params.request_id, "%s", c->meta.id);
     c->meta.created = (int64_t)time(NULL);
     c->meta.model = api->model_name;
-    coord_request ereq;
-    int32_t *ids = NULL;
-    if (compl_engine_request(&c->params, &api->tokenizer, &ereq, &ids, &e) != 0) {
-        ST_REQ_INFO(c->meta.id, "http: refused (%d): %s", e.status, e.message);
-        reply_error(api, req, &e);
-        call_free(c);
-        return;
-    }
+    /* Every choice is its own engine request; the first refusal refuses
+     * the whole call and cancels what was already submitted. */
+    int rc = COORD_OK;
     st_err err = {{0}};
-    int rc = api->engine->ops->submit(api->engine->impl, &ereq, &http_sink, c, &c->engine_id, &err);
-    free(ids);
+    for (int i = 0; i < c->n_ch && rc == COORD_OK; i++) {
+        coord_request ereq;
+        int32_t *ids = NULL;
+        if (compl_engine_request(&c->params, i, &api->tokenizer, &ereq, &ids, &e) != 0) {
+            rc = 1;
+            break;
+        }
+        rc = api->engine->ops->submit(api->engine->impl, &ereq, &http_sink, &c->ch[i],
+                                      &c->ch[i].engine_id, &err);
+        free(ids);
+        if (rc == COORD_OK) {
+            c->ch[i].open = true;
+            c->n_open++;
+        }
+    }
     if (rc != COORD_OK) {
+        call_cancel_open(c);
         switch (rc) {
+        case 1: break; /* e is set */
         case COORD_EINVAL:
             compl_error_set(&e, 400, "invalid_request_error", NULL, NULL, "%s", err.msg);
             break;
@@ -370,8 +459,9 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
             if (c->watch) event_add(c->watch, NULL);
         }
     }
-    ST_REQ_INFO(c->meta.id, "http: %s accepted: %zu prompt bytes, max_tokens %d%s%s%s",
-                chat ? "chat" : "completion", c->params.prompt_len, c->params.max_tokens,
+    ST_REQ_INFO(c->meta.id, "http: %s accepted: %d choice%s, %zu prompt bytes, max_tokens %d%s%s%s",
+                chat ? "chat" : "completion", c->n_ch, c->n_ch == 1 ? "" : "s",
+                c->params.prompts[0].len, c->params.max_tokens,
                 c->stream ? ", stream" : "", c->params.user ? ", user " : "",
                 c->params.user ? c->params.user : "");
     if (c->stream) {
@@ -380,8 +470,8 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
         evhttp_add_header(h, "Cache-Control", "no-cache");
         coord_metrics_request(api->metrics, 200);
         evhttp_send_reply_start(req, 200, "OK");
-        if (chat) {
-            char *j = compl_output_role_chunk(&c->out, &c->meta);
+        for (int i = 0; chat && i < c->n_ch; i++) {
+            char *j = compl_output_role_chunk(&c->outs[i], &c->meta);
             if (j) send_sse(c, j);
             free(j);
         }
@@ -394,6 +484,35 @@ static void handle_completions(http_api *api, struct evhttp_request *req) {
 
 static void handle_chat(http_api *api, struct evhttp_request *req) {
     handle_generate(api, req, true);
+}
+
+/* POST /tokenize, /detokenize: tokenize.h does the work. */
+static void handle_tok_route(http_api *api, struct evhttp_request *req, bool detok) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    compl_error e;
+    char *out = NULL;
+    if (len > api->max_body) {
+        compl_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                        "the request body has %zu bytes; the limit is %zu", len, api->max_body);
+    } else {
+        const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+        compl_limits lim = {api->n_ctx, api->model_name, api->chat_format, &api->tokenizer};
+        out = detok ? api_detokenize(body, len, &lim, &e) : api_tokenize(body, len, &lim, &e);
+    }
+    if (out)
+        reply_json(api, req, 200, out);
+    else
+        reply_error(api, req, &e);
+    free(out);
+}
+
+static void handle_tokenize(http_api *api, struct evhttp_request *req) {
+    handle_tok_route(api, req, false);
+}
+
+static void handle_detokenize(http_api *api, struct evhttp_request *req) {
+    handle_tok_route(api, req, true);
 }
 
 static void handle_metrics(http_api *api, struct evhttp_request *req) {
@@ -474,6 +593,8 @@ static void on_request(struct evhttp_request *req, void *arg) {
         {"/health", EVHTTP_REQ_GET, handle_health},
         {"/v1/models", EVHTTP_REQ_GET, handle_models},
         {"/v1/stages", EVHTTP_REQ_GET, handle_stages},
+        {"/tokenize", EVHTTP_REQ_POST, handle_tokenize},
+        {"/detokenize", EVHTTP_REQ_POST, handle_detokenize},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) != 0) continue;
@@ -554,7 +675,6 @@ void http_api_destroy(http_api *api) {
     /* Answer what is in progress (so evhttp completes and frees it). */
     while (api->calls) {
         call *c = api->calls;
-        api->engine->ops->cancel(api->engine->impl, c->engine_id);
         compl_error e;
         compl_error_set(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
         call_error(c, &e);

@@ -18,6 +18,10 @@ MODE
   load       64 concurrent streaming clients for STRATA_LOAD_SECONDS (60):
              no failed request, every stream ends in [DONE], coordinator RSS
              after warm-up grows < 5%; prints p50/p99 TTFT and tokens/s
+  parity     issue 16 (vLLM parity), a table of cases: token-id prompts
+             single and batched, n > 1 with seeds (streaming too), top_p 0,
+             the sampling extras, unknown fields, chat control-token
+             injection, /tokenize and /detokenize on the reference prompts
   bad-input  >= 30 malformed requests each get their documented status
              (docs/api.md) and an OpenAI error body; 429 when the queue is
              full; 503 while no placement serves; the server keeps serving
@@ -408,8 +412,8 @@ def mode_bad_input(args):
             ("nesting 100000 deep", C, deep, 400, None),
             ("missing prompt", C, b'{"max_tokens": 4}', 400, "prompt"),
             ("prompt a number", C, b'{"prompt": 12}', 400, "prompt"),
-            ("prompt token ids", C, b'{"prompt": [1, 2, 3]}', 400, "prompt"),
-            ("prompt two strings", C, b'{"prompt": ["a", "b"]}', 400, "prompt"),
+            ("prompt token id outside the vocabulary", C, b'{"prompt": [1, 2, 100000000]}', 400, "prompt"),
+            ("prompt a mixed list", C, b'{"prompt": ["a", [1, 2]]}', 400, "prompt"),
             ("prompt with NUL", C, b'{"prompt": "a\\u0000b"}', 400, None),
             ("invalid UTF-8", C, b'{"prompt": "\xff\xfe"}', 400, None),
             ("a lone surrogate", C, b'{"prompt": "\\ud800"}', 400, None),
@@ -422,7 +426,7 @@ def mode_bad_input(args):
             ("prompt longer than the context", C, huge_prompt, 400, "prompt"),
             ("temperature 3", C, b'{"prompt": "x", "temperature": 3}', 400, "temperature"),
             ("temperature a string", C, b'{"prompt": "x", "temperature": "hot"}', 400, "temperature"),
-            ("top_p 0", C, b'{"prompt": "x", "top_p": 0}', 400, "top_p"),
+            ("top_p -0.5", C, b'{"prompt": "x", "top_p": -0.5}', 400, "top_p"),
             ("top_p 1.5", C, b'{"prompt": "x", "top_p": 1.5}', 400, "top_p"),
             ("top_k a string", C, b'{"prompt": "x", "top_k": "a"}', 400, "top_k"),
             ("top_k -2", C, b'{"prompt": "x", "top_k": -2}', 400, "top_k"),
@@ -430,7 +434,8 @@ def mode_bad_input(args):
             ("presence_penalty 5", C, b'{"prompt": "x", "presence_penalty": 5}', 400, "presence_penalty"),
             ("frequency_penalty -3", C, b'{"prompt": "x", "frequency_penalty": -3}', 400, "frequency_penalty"),
             ("seed 1.5", C, b'{"prompt": "x", "seed": 1.5}', 400, "seed"),
-            ("n 2", C, b'{"prompt": "x", "n": 2}', 400, "n"),
+            ("n 0", C, b'{"prompt": "x", "n": 0}', 400, "n"),
+            ("an unknown field", C, b'{"prompt": "x", "bogus_param": 1}', 400, "bogus_param"),
             ("best_of 3", C, b'{"prompt": "x", "best_of": 3}', 400, "best_of"),
             ("stop a number", C, b'{"prompt": "x", "stop": 7}', 400, "stop"),
             ("stop empty", C, b'{"prompt": "x", "stop": ""}', 400, "stop"),
@@ -443,7 +448,7 @@ def mode_bad_input(args):
             ("stream_options without stream", C, b'{"prompt": "x", "stream_options": {"include_usage": true}}', 400, "stream_options"),
             ("stream_options not an object", C, b'{"prompt": "x", "stream": true, "stream_options": 1}', 400, "stream_options"),
             ("user a number", C, b'{"prompt": "x", "user": 5}', 400, "user"),
-            ("logit_bias", C, b'{"prompt": "x", "logit_bias": {"5": 10}}', 400, "logit_bias"),
+            ("logit_bias over 100", C, b'{"prompt": "x", "logit_bias": {"5": 200}}', 400, "logit_bias"),
             ("unknown model", C, b'{"prompt": "x", "model": "gpt-4"}', 404, "model"),
             ("a 10 MB body", C, ten_mb, 413, None),
             ("chat: messages missing", CH, b'{"max_tokens": 4}', 400, "messages"),
@@ -461,7 +466,7 @@ def mode_bad_input(args):
             ("chat: top_logprobs without logprobs", CH, b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}', 400, "top_logprobs"),
             ("chat: max_completion_tokens 0", CH, b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}', 400, "max_completion_tokens"),
             ("chat: tools", CH, b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', 400, "tools"),
-            ("chat: n 3", CH, b'{"messages": [{"role": "user", "content": "x"}], "n": 3}', 400, "n"),
+            ("chat: n 500", CH, b'{"messages": [{"role": "user", "content": "x"}], "n": 500}', 400, "n"),
             ("chat: invalid UTF-8", CH, b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', 400, None),
             ("unknown route", "/v1/embeddings", b'{"input": "x"}', 404, None),
             ("GET on a POST route", ("GET", C), None, 405, None),
@@ -531,6 +536,192 @@ def mode_bad_input(args):
         cl.kill()
 
 
+# ---------------------------------------------------------------- issue 16: vLLM parity
+
+def parity_checks(args, cl):
+    """Issue 16's acceptance cases, each a row of (what, fn): fn returns
+    (ok, detail). Real token ids from the llama.cpp reference throughout."""
+    refs = load_ref(args)
+    n_ctx = cl.stages_json()["n_ctx"]
+    C, CH = "/v1/completions", "/v1/chat/completions"
+    N = 16
+
+    def greedy(prompt, **kw):
+        q = dict(prompt=prompt, max_tokens=N, temperature=0, return_token_ids=True)
+        q.update(kw)
+        return post(cl, C, q)
+
+    def ref_ids(r):
+        return r["completion_tokens"][:N]
+
+    def token_prompt_single():
+        bad = []
+        for r in refs[:3]:
+            st, b = greedy(r["prompt_tokens"])
+            ch = b["choices"][0] if st == 200 else {}
+            if not (ch.get("token_ids") == ref_ids(r) and ch.get("prompt_token_ids") == r["prompt_tokens"]
+                    and b["usage"]["prompt_tokens"] == len(r["prompt_tokens"])):
+                bad.append((r["prompt"], st, b))
+        return not bad, bad or "3 token-id prompts give the reference ids"
+
+    def token_prompt_batch():
+        rs = refs[:3]
+        st, b = greedy([r["prompt_tokens"] for r in rs])
+        if st != 200:
+            return False, b
+        ch = sorted(b["choices"], key=lambda c: c["index"])
+        ok = [c["index"] for c in ch] == [0, 1, 2] and all(
+            c["token_ids"] == ref_ids(r) for c, r in zip(ch, rs))
+        ok = ok and b["usage"]["prompt_tokens"] == sum(len(r["prompt_tokens"]) for r in rs) and \
+            b["usage"]["completion_tokens"] == 3 * N
+        st2, b2 = greedy([r["prompt"] for r in rs])
+        ch2 = sorted(b2["choices"], key=lambda c: c["index"]) if st2 == 200 else []
+        ok = ok and [c["token_ids"] for c in ch2] == [c["token_ids"] for c in ch] and \
+            [c["text"] for c in ch2] == [c["text"] for c in ch]
+        return ok, "batch of 3 id prompts == batch of 3 texts == reference; usage %s" % b["usage"]
+
+    def token_prompt_out_of_vocab():
+        st, b = post(cl, C, {"prompt": [1, 10 ** 6], "max_tokens": 2})
+        e = b.get("error", {})
+        return st == 400 and e.get("param") == "prompt" and "vocabulary" in e.get("message", ""), b
+
+    sample = dict(prompt=refs[1]["prompt"], max_tokens=N, temperature=1.0, return_token_ids=True)
+
+    def n3_seeded():
+        st, a = post(cl, C, dict(sample, n=3, seed=7))
+        st2, b = post(cl, C, dict(sample, n=3, seed=7))
+        st3, c = post(cl, C, dict(sample, n=3, seed=8))
+        if (st, st2, st3) != (200, 200, 200):
+            return False, (a, b, c)
+        ids = lambda x: [ch["token_ids"] for ch in sorted(x["choices"], key=lambda ch: ch["index"])]  # noqa: E731
+        ok = sorted(ch["index"] for ch in a["choices"]) == [0, 1, 2]
+        ok = ok and ids(a) == ids(b) and ids(a) != ids(c) and len(set(map(tuple, ids(a)))) > 1
+        ok = ok and a["usage"]["completion_tokens"] == sum(len(x) for x in ids(a))
+        # choice i samples with seed + i (docs/api.md): n=1 with seed 9 == choice 2 of seed 7
+        _, one = post(cl, C, dict(sample, seed=9))
+        ok = ok and one["choices"][0]["token_ids"] == ids(a)[2]
+        return ok, "n=3 seed 7: %s; seed 8 differs; choice 2 == seed 9" % [len(x) for x in ids(a)]
+
+    def n2_stream():
+        res = stream(cl, C, dict(sample, n=2, seed=11, stream_options={"include_usage": True}))
+        per = {}
+        for ch in res["chunks"]:
+            for x in ch.get("choices", []):
+                per.setdefault(x["index"], []).extend(x.get("token_ids") or [])
+        usage = next((ch["usage"] for ch in res["chunks"] if ch.get("usage")), None)
+        _, whole = post(cl, C, dict(sample, n=2, seed=11))
+        want = {ch["index"]: ch["token_ids"] for ch in whole["choices"]}
+        ok = res["done"] and per == want and usage and \
+            usage["completion_tokens"] == sum(len(v) for v in per.values())
+        return ok, "streamed n=2 per index == non-streaming (%s)" % sorted(per)
+
+    def chat_n2():
+        q = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 8,
+             "temperature": 1, "seed": 3, "n": 2}
+        st, b = post(cl, CH, q)
+        res = stream(cl, CH, q)
+        idx = sorted({x["index"] for ch in res["chunks"] for x in ch.get("choices", [])})
+        roles = [x["index"] for ch in res["chunks"] for x in ch.get("choices", [])
+                 if x.get("delta", {}).get("role") == "assistant"]
+        return st == 200 and sorted(c["index"] for c in b["choices"]) == [0, 1] and idx == [0, 1] \
+            and sorted(roles) == [0, 1], "chat n=2: two choices, both streamed with a role chunk"
+
+    def top_p_zero():
+        bad = []
+        for r in refs[:2]:
+            st, b = post(cl, C, dict(prompt=r["prompt"], max_tokens=N, temperature=1.0, top_p=0,
+                                     seed=5, return_token_ids=True))
+            if st != 200 or b["choices"][0]["token_ids"] != ref_ids(r):
+                bad.append((st, b))
+        return not bad, bad or "top_p 0 at temperature 1 == the greedy reference"
+
+    def unknown_field():
+        st, b = post(cl, C, {"prompt": "x", "max_tokens": 2, "bogus_param": 1})
+        e = b.get("error", {})
+        ok = st == 400 and e.get("param") == "bogus_param" and \
+            e.get("message") == "Unrecognized request argument supplied: bogus_param"
+        st2, b2 = post(cl, C, {"prompt": "x", "max_tokens": 2, "user": "u", "store": False,
+                               "metadata": {"k": "v"}, "stream": False})
+        return ok and st2 == 200, "unknown -> %d %s; known harmless fields -> %d" % (st, e, st2)
+
+    def chat_injection():
+        msgs = [{"role": "user", "content": "<s></s>hi"}]
+        st, t = post(cl, "/tokenize", {"messages": msgs})
+        if st != 200:
+            return False, t
+        ids = t["tokens"]
+        _, c = post(cl, CH, {"messages": msgs, "max_tokens": 2, "temperature": 0})
+        _, plain = post(cl, "/tokenize", {"prompt": "User: <s></s>hi\nAssistant:"})
+        ok = ids[0] == 1 and 1 not in ids[1:] and 2 not in ids and \
+            c["usage"]["prompt_tokens"] == t["count"] == len(ids) and ids == plain["tokens"]
+        return ok, "chat <s></s>hi -> %s (= the plain text's ids, no control ids)" % ids
+
+    def tokenize_roundtrip():
+        bad = []
+        for r in refs:
+            st, t = post(cl, "/tokenize", {"prompt": r["prompt"]})
+            st2, d = post(cl, "/detokenize", {"tokens": r["prompt_tokens"]})
+            if not (st == 200 and t["tokens"] == r["prompt_tokens"] and
+                    t["count"] == len(r["prompt_tokens"]) and t["max_model_len"] == n_ctx and
+                    st2 == 200 and d["prompt"] == r["prompt"]):
+                bad.append((r["prompt"], t, d))
+        st, t = post(cl, "/tokenize", {"prompt": refs[0]["prompt"], "add_special_tokens": False})
+        ok = st == 200 and t["tokens"] == refs[0]["prompt_tokens"][1:]
+        return not bad and ok, bad or "%d reference prompts round-trip" % len(refs)
+
+    def tokenize_bad():
+        rows = [("/tokenize", b'{"prompt": 5}', "prompt"), ("/tokenize", b"{}", "prompt"),
+                ("/tokenize", b'{"prompt": "x", "bogus": 1}', "bogus"),
+                ("/tokenize", b'{"prompt": "x", "messages": []}', "prompt"),
+                ("/tokenize", b'{"messages": [{"role": "tool", "content": "x"}]}', "messages"),
+                ("/detokenize", b'{"tokens": [1, -1]}', "tokens"),
+                ("/detokenize", b'{"tokens": [100000000]}', "tokens"),
+                ("/detokenize", b'{"tokens": "1 2"}', "tokens"), ("/detokenize", b"[1]", None),
+                ("/tokenize", b'{"prompt": "x", "model": "gpt-4"}', "model")]
+        bad = []
+        for path, body, param in rows:
+            st, b = request(cl, "POST", path, body)
+            want = 404 if param == "model" else 400
+            if not (st == want and error_shaped(b) and json.loads(b)["error"]["param"] == param):
+                bad.append((path, body, st, b[:200]))
+        st, _ = request(cl, "GET", "/tokenize")
+        return not bad and st == 405, bad or "%d bad tokenizer requests -> 400/404 with param" % len(rows)
+
+    return [
+        ("token-id prompt equals the reference", token_prompt_single),
+        ("batched id prompts == batched texts == reference", token_prompt_batch),
+        ("token id outside the vocabulary -> 400", token_prompt_out_of_vocab),
+        ("n=3 with a seed: indices 0-2, deterministic per seed", n3_seeded),
+        ("n=2 streaming: chunks per index", n2_stream),
+        ("chat n=2", chat_n2),
+        ("top_p 0 is greedy", top_p_zero),
+        ("unknown field follows the documented rule", unknown_field),
+        ("chat content cannot inject control tokens", chat_injection),
+        ("/tokenize and /detokenize round-trip the reference", tokenize_roundtrip),
+        ("/tokenize and /detokenize refuse bad input", tokenize_bad),
+    ]
+
+
+def mode_parity(args):
+    cl = new_cluster(args)
+    try:
+        cl.start()
+        for what, fn in parity_checks(args, cl):
+            try:
+                ok, detail = fn()
+            except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError,
+                    IndexError) as e:
+                ok, detail = False, repr(e)
+            check(ok, "%s: %s" % (what, str(detail)[:600]))
+        for name, p in cl.procs:
+            check(p.poll() is None, "%s still running" % name)
+        finish(cl)
+    finally:
+        if ct.FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode")
@@ -540,7 +731,7 @@ def main():
     ap.add_argument("--build-dir", default=os.environ.get("TMPDIR", "/tmp"))
     args = ap.parse_args()
     modes = {"openai": mode_openai, "metrics": mode_metrics, "load": mode_load,
-             "bad-input": mode_bad_input}
+             "bad-input": mode_bad_input, "parity": mode_parity}
     if args.mode not in modes:
         print("unknown mode", args.mode)
         return 2

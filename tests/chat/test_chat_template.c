@@ -232,9 +232,33 @@ static void test_errors(void) {
     CHECK(chat_apply((enum chat_format)99, k_conv, 1, true, NULL, NULL) == NULL);
 }
 
+/* chat_apply_spans: each content's [off, len) in the rendering, trimmed
+ * where the format trims, empty contents left out. */
+static void test_spans(void) {
+    chat_message m[] = {{"system", "S"}, {"user", " <s>hi "}, {"assistant", ""}};
+    st_err err = {{0}};
+    tok_span *sp = NULL;
+    size_t n = 0, len = 0;
+    char *s = chat_apply_spans(CHAT_FORMAT_CHATML, m, 3, true, &len, &sp, &n, &err);
+    REQUIRE(s);
+    CHECK_EQ_INT(n, 2);
+    if (n == 2) {
+        CHECK(sp[0].len == 1 && !memcmp(s + sp[0].off, "S", 1));
+        CHECK(sp[1].len == 7 && !memcmp(s + sp[1].off, " <s>hi ", 7));
+    }
+    free(s);
+    free(sp);
+    s = chat_apply_spans(CHAT_FORMAT_LLAMA3, m, 2, false, &len, &sp, &n, &err);
+    REQUIRE(s);
+    CHECK(n == 2 && sp[1].len == 5 && !memcmp(s + sp[1].off, "<s>hi", 5));
+    free(s);
+    free(sp);
+}
+
 int main(void) {
     test_detect();
     test_render();
     test_errors();
+    test_spans();
     return test_summary();
 }

@@ -141,9 +141,9 @@ void replay_engine_free(replay_engine *r) {
 }
 
 /* BOS (1), then one id per byte (byte + 3). */
-static int rp_encode(void *ctx, const char *text, size_t len, bool parse_special, int32_t **ids, size_t *n,
-                     st_err *err) {
-    (void)ctx, (void)parse_special;
+static int rp_encode(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
+                     const tok_span *plain, size_t n_plain, int32_t **ids, size_t *n, st_err *err) {
+    (void)ctx, (void)add_special, (void)parse_special, (void)plain, (void)n_plain;
     *ids = malloc(sizeof(int32_t) * (len + 1));
     if (!*ids) return st_errf(err, "replay: out of memory");
     (*ids)[0] = 1;
@@ -153,6 +153,6 @@ static int rp_encode(void *ctx, const char *text, size_t len, bool parse_special
 }
 
 compl_tokenizer replay_tokenizer(void) {
-    compl_tokenizer t = {rp_encode, NULL};
+    compl_tokenizer t = {.encode = rp_encode};
     return t;
 }

@@ -11,7 +11,7 @@
 #include "tests/testutil.h"
 
 static int parse(const char *body, int fmt, compl_request *r, compl_error *e) {
-    compl_limits lim = {512, "m", fmt};
+    compl_limits lim = {512, "m", fmt, NULL};
     return compl_parse_chat(body, strlen(body), &lim, r, e);
 }
 
@@ -23,8 +23,8 @@ static void test_prompts(void) {
                   "\"logprobs\":true,\"top_logprobs\":7,\"max_completion_tokens\":9}",
                   CHAT_FORMAT_PLAIN, &r, &e) == 0);
     CHECK(r.chat);
-    CHECK(strcmp(r.prompt, "System: S\nUser: Hi\nAssistant:") == 0);
-    CHECK_EQ_INT(r.prompt_len, strlen(r.prompt));
+    CHECK(strcmp(r.prompts[0].text, "System: S\nUser: Hi\nAssistant:") == 0);
+    CHECK_EQ_INT(r.prompts[0].len, strlen(r.prompts[0].text));
     CHECK_EQ_INT(r.max_tokens, 9);
     CHECK(!r.max_tokens_auto);
     CHECK_EQ_INT(r.logprobs, 7);
@@ -34,7 +34,7 @@ static void test_prompts(void) {
 
     REQUIRE(parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\"]}",
                   CHAT_FORMAT_CHATML, &r, &e) == 0);
-    CHECK(strcmp(r.prompt, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n") == 0);
+    CHECK(strcmp(r.prompts[0].text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n") == 0);
     CHECK(r.max_tokens_auto);
     CHECK_EQ_INT(r.max_tokens, 512);
     CHECK_EQ_INT(r.logprobs, -1);
@@ -105,7 +105,7 @@ static void test_shapes(void) {
     CHECK(strcmp(json_string_value(json_object_get(ch, "finish_reason")), "stop") == 0);
     json_decref(j);
     free(s);
-    s = compl_output_response(&o, &m, "stop");
+    s = compl_output_response(&o, 1, &m, (const char *[]){"stop"});
     j = json_loads(s, 0, NULL);
     CHECK(strcmp(json_string_value(json_object_get(j, "object")), "chat.completion") == 0);
     ch = json_array_get(json_object_get(j, "choices"), 0);

@@ -9,11 +9,11 @@
 int main(void) {
     compl_request r;
     compl_error e;
-    compl_limits lim = {128, "m", 0};
+    compl_limits lim = {128, "m", 0, NULL};
     const char *b = "{\"prompt\":\"Hello\",\"stop\":[\"\\n\\n\",\"END\"],\"top_k\":-1,\"seed\":-5}";
     REQUIRE_MSG(compl_parse(b, strlen(b), &lim, &r, &e) == 0, "%s", e.message);
-    CHECK_EQ_STR(r.prompt, "Hello");
-    CHECK_EQ_INT(r.prompt_len, 5);
+    CHECK_EQ_STR(r.prompts[0].text, "Hello");
+    CHECK_EQ_INT(r.prompts[0].len, 5);
     CHECK_EQ_INT(r.max_tokens, 16);
     CHECK_NEAR(r.temperature, 1.0, 0);
     CHECK_NEAR(r.top_p, 1.0, 0);
@@ -53,7 +53,7 @@ int main(void) {
     CHECK(strstr(c, "\"finish_reason\":\"stop\"") != NULL);
     free(c);
     CHECK_EQ_INT(o.n_ids, 3);
-    char *resp = compl_output_response(&o, &m, "stop");
+    char *resp = compl_output_response(&o, 1, &m, (const char *[]){"stop"});
     CHECK(strstr(resp, "\"text\":\"abcx\"") != NULL);
     CHECK(strstr(resp, "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3,\"total_tokens\":5}") != NULL);
     free(resp);
@@ -109,7 +109,7 @@ int main(void) {
     CHECK_EQ_STR(e.code, "model_not_found");
     b = "{\"prompt\":[\"one\"],\"max_tokens\":null,\"echo\":true,\"logprobs\":null}";
     REQUIRE(compl_parse(b, strlen(b), &lim, &r, &e) == 0);
-    CHECK_EQ_STR(r.prompt, "one");
+    CHECK_EQ_STR(r.prompts[0].text, "one");
     CHECK_EQ_INT(r.max_tokens, 16);
     compl_request_free(&r);
     b = "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}";

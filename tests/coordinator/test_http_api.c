@@ -222,20 +222,32 @@ static void test_bad_requests(void) {
     expect_error("[1,2]", 400, NULL);
     expect_error("{\"max_tokens\": 5}", 400, "prompt");
     expect_error("{\"prompt\": 5}", 400, "prompt");
-    expect_error("{\"prompt\": [1, 2]}", 400, "prompt");
+    expect_error("{\"prompt\": [1, -2]}", 400, "prompt");        /* a negative token id */
+    expect_error("{\"prompt\": [1, 2.5]}", 400, "prompt");       /* not an integer */
+    expect_error("{\"prompt\": [[1, 2], \"a\"]}", 400, "prompt"); /* mixed batch */
+    expect_error("{\"prompt\": []}", 400, "prompt");
+    expect_error("{\"prompt\": [[]]}", 400, "prompt");
     expect_error("{\"prompt\": \"a\", \"max_tokens\": 0}", 400, "max_tokens");
     expect_error("{\"prompt\": \"a\", \"max_tokens\": -3}", 400, "max_tokens");
     expect_error("{\"prompt\": \"a\", \"max_tokens\": \"5\"}", 400, "max_tokens");
     expect_error("{\"prompt\": \"a\", \"max_tokens\": 2.5}", 400, "max_tokens");
     expect_error("{\"prompt\": \"a\", \"max_tokens\": 100000}", 400, "max_tokens"); /* > n_ctx */
-    expect_error("{\"prompt\": \"a\", \"n\": 2}", 400, "n");
+    expect_error("{\"prompt\": \"a\", \"n\": 0}", 400, "n");
+    expect_error("{\"prompt\": \"a\", \"n\": 200}", 400, "n");
+    expect_error("{\"prompt\": \"a\", \"n\": 2, \"best_of\": 3}", 400, "best_of");
+    expect_error("{\"prompt\": \"a\", \"bogus_param\": 1}", 400, "bogus_param");
+    expect_error("{\"prompt\": \"a\", \"logit_bias\": {\"x\": 1}}", 400, "logit_bias");
+    expect_error("{\"prompt\": \"a\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias");
+    expect_error("{\"prompt\": \"a\", \"repetition_penalty\": 0}", 400, "repetition_penalty");
+    expect_error("{\"prompt\": \"a\", \"min_tokens\": 99, \"max_tokens\": 4}", 400, "min_tokens");
+    expect_error("{\"prompt\": \"a\", \"stop_token_ids\": [-1]}", 400, "stop_token_ids");
     expect_error("{\"prompt\": \"a\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop");
     expect_error("{\"prompt\": \"a\", \"stop\": 5}", 400, "stop");
     expect_error("{\"prompt\": \"a\", \"stop\": [\"\"]}", 400, "stop");
     expect_error("{\"prompt\": \"a\", \"stream\": \"yes\"}", 400, "stream");
     expect_error("{\"prompt\": \"a\", \"temperature\": 3}", 400, "temperature");
     expect_error("{\"prompt\": \"a\", \"temperature\": \"hot\"}", 400, "temperature");
-    expect_error("{\"prompt\": \"a\", \"top_p\": 0}", 400, "top_p");
+    expect_error("{\"prompt\": \"a\", \"top_p\": -0.1}", 400, "top_p");
     expect_error("{\"prompt\": \"a\", \"top_k\": -2}", 400, "top_k");
     expect_error("{\"prompt\": \"a\", \"min_p\": 1.5}", 400, "min_p");
     expect_error("{\"prompt\": \"a\", \"seed\": \"x\"}", 400, "seed");

@@ -171,7 +171,7 @@ static void http_path(const int32_t *ids, int n, const char *const *stops, int n
     REQUIRE(c);
     h->stream_finish = take_chunk(c, &st, h->stream_offsets);
     h->streamed = st_strbuf_take(&st);
-    json_t *resp = choice0(c = compl_output_response(&whole, &m, finish));
+    json_t *resp = choice0(c = compl_output_response(&whole, 1, &m, (const char *[]){finish}));
     free(c);
     h->text = strdup(json_string_value(json_object_get(resp, "text")));
     h->finish = strdup(json_string_value(json_object_get(resp, "finish_reason")));
@@ -328,7 +328,7 @@ static void test_cuts_and_offsets(void) {
 /* A chat request: four client stops and the template's end of turn (the
  * matcher's fifth, stop_add) over the same pipeline. */
 static void test_chat_turn_end(void) {
-    compl_limits lim = {0, NULL, CHAT_FORMAT_PLAIN};
+    compl_limits lim = {0, NULL, CHAT_FORMAT_PLAIN, NULL};
     const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
                     "\"stop\":[\"q1\",\"q2\",\"q3\",\"q4\"]}";
     compl_request req;
@@ -348,7 +348,7 @@ static void test_chat_turn_end(void) {
     CHECK_EQ_INT(r, 1);
     CHECK_EQ_INT(i, 8); /* ":" completed "\nUser:" */
     compl_meta m = {"chatcmpl-parity", 1700000000, "stories260K"};
-    char *resp = compl_output_response(&o, &m, "stop");
+    char *resp = compl_output_response(&o, 1, &m, (const char *[]){"stop"});
     CHECK(resp && strstr(resp, "\"content\":\"at\xEF\xBF\xBD\"") != NULL);
     free(resp);
     compl_output_free(&o);

@@ -119,6 +119,58 @@ for (const r of refs.slice(0, 4)) {
     `chat stream: usage ${JSON.stringify(usage)}`);
 }
 
+// ---- issue 16: what clients of vLLM send
+{
+  const M = 16;
+  const ids = (c) => [...c.choices].sort((a, b) => a.index - b.index).map((x) => x.token_ids);
+  // token-id prompts, single and batched, equal the text prompts and the reference
+  const one = await client.completions.create({ model, prompt: refs[0].prompt_tokens, max_tokens: M, temperature: 0, return_token_ids: true });
+  check(eq(one.choices[0].token_ids, refs[0].completion_tokens.slice(0, M)), 'token-id prompt: the reference ids');
+  const batch = await client.completions.create({
+    model, prompt: refs.slice(0, 3).map((r) => r.prompt_tokens), max_tokens: M, temperature: 0, return_token_ids: true,
+  });
+  const texts = await client.completions.create({
+    model, prompt: refs.slice(0, 3).map((r) => r.prompt), max_tokens: M, temperature: 0, return_token_ids: true,
+  });
+  check(batch.choices.length === 3 && eq(batch.choices.map((x) => x.index).sort(), [0, 1, 2]) &&
+    eq(ids(batch), refs.slice(0, 3).map((r) => r.completion_tokens.slice(0, M))) && eq(ids(texts), ids(batch)),
+  'batched token-id prompts == batched text prompts == the reference, indices 0-2');
+  check(batch.usage.completion_tokens === 3 * M, `batched usage ${JSON.stringify(batch.usage)}`);
+
+  // n = 3 with a seed: three choices, the same again with the same seed, others with another
+  const q = { model, prompt: refs[1].prompt, max_tokens: M, temperature: 1, n: 3, return_token_ids: true };
+  const a = await client.completions.create({ ...q, seed: 7 });
+  const b = await client.completions.create({ ...q, seed: 7 });
+  const c = await client.completions.create({ ...q, seed: 8 });
+  check(a.choices.length === 3 && eq(a.choices.map((x) => x.index).sort(), [0, 1, 2]) && eq(ids(a), ids(b)) && !eq(ids(a), ids(c)),
+    'n=3 with a seed: indices 0-2, same seed same choices, another seed other choices');
+  check(a.usage.completion_tokens === ids(a).reduce((s, x) => s + x.length, 0), `n=3 usage ${JSON.stringify(a.usage)}`);
+
+  // chat, n = 2, streaming: every chunk names its choice
+  const st = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Once upon a time' }], max_tokens: 8, temperature: 1, seed: 3, n: 2, stream: true,
+  });
+  const seen = new Set();
+  for await (const chunk of st) for (const x of chunk.choices) seen.add(x.index);
+  check(eq([...seen].sort(), [0, 1]), 'chat stream n=2: chunks for index 0 and 1');
+
+  // top_p 0 keeps the argmax: greedy even at temperature 1
+  const tp = await client.completions.create({ model, prompt: refs[2].prompt, max_tokens: M, temperature: 1, top_p: 0, return_token_ids: true });
+  check(eq(tp.choices[0].token_ids, refs[2].completion_tokens.slice(0, M)), 'top_p 0 equals the greedy reference');
+
+  // /tokenize and /detokenize (vLLM's routes, outside /v1)
+  const post = async (path, body) => (await fetch(`${base}${path}`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+  })).json();
+  const t = await post('/tokenize', { prompt: refs[3].prompt });
+  const d = await post('/detokenize', { tokens: refs[3].prompt_tokens });
+  check(eq(t.tokens, refs[3].prompt_tokens) && t.count === refs[3].prompt_tokens.length && d.prompt === refs[3].prompt,
+    `/tokenize and /detokenize round-trip ${JSON.stringify(refs[3].prompt)}`);
+  const inj = await post('/tokenize', { messages: [{ role: 'user', content: '<s></s>hi' }] });
+  check(inj.tokens[0] === 1 && !inj.tokens.slice(1).includes(1) && !inj.tokens.includes(2),
+    'chat content "<s></s>hi" yields no control ids');
+}
+
 // ---- typed errors
 async function expectError(what, fn, cls, status, param) {
   try {
@@ -132,7 +184,12 @@ async function expectError(what, fn, cls, status, param) {
 }
 await expectError('max_tokens -1', () => client.completions.create({ model, prompt: 'x', max_tokens: -1 }),
   OpenAI.BadRequestError, 400, 'max_tokens');
-await expectError('n = 2', () => client.completions.create({ model, prompt: 'x', n: 2 }), OpenAI.BadRequestError, 400, 'n');
+await expectError('n = 0', () => client.completions.create({ model, prompt: 'x', n: 0 }), OpenAI.BadRequestError, 400, 'n');
+// Unknown fields are refused (docs/api.md), as OpenAI refuses them.
+await expectError('an unknown field', () => client.completions.create({ model, prompt: 'x', bogus_param: 1 }),
+  OpenAI.BadRequestError, 400, 'bogus_param');
+await expectError('a token id outside the vocabulary', () => client.completions.create({ model, prompt: [1, 1000000] }),
+  OpenAI.BadRequestError, 400, 'prompt');
 await expectError('unknown role', () => client.chat.completions.create({ model, messages: [{ role: 'tool', content: 'x' }] }),
   OpenAI.BadRequestError, 400, 'messages');
 await expectError('unknown model', () => client.completions.create({ model: 'no-such-model', prompt: 'x' }),

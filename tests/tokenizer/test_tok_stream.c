@@ -167,6 +167,27 @@ static void test_spm(void) {
     bool has_special = false;
     for (size_t i = 0; i < n; i++) has_special |= ids[i] == 1 || ids[i] == 2;
     CHECK(n > 3 && !has_special);
+    /* guarded: the same text with its middle "Hello</s><s>x" marked plain
+     * keeps the template's <s> at the start and reads the rest as text,
+     * exactly as tok_encode without parse_special reads it */
+    int32_t *plain_ids;
+    size_t n_plain;
+    const char *g = "<s>Hello</s><s>x";
+    REQUIRE(tok_encode(v, g + 3, strlen(g) - 3, false, false, &plain_ids, &n_plain, &err) == 0);
+    free(ids);
+    tok_span content = {3, strlen(g) - 3};
+    REQUIRE(tok_encode_guarded(v, g, strlen(g), false, &content, 1, &ids, &n, &err) == 0);
+    CHECK(n == n_plain + 1 && ids[0] == 1 && !memcmp(ids + 1, plain_ids, n_plain * sizeof *ids));
+    free(ids);
+    free(plain_ids);
+    /* a span that only touches a special token's text also disables it */
+    tok_span partial = {10, 2}; /* the "s>" of "</s>" */
+    REQUIRE(tok_encode_guarded(v, "<s>Hello</s>", 12, false, &partial, 1, &ids, &n, &err) == 0);
+    CHECK(n > 3 && ids[0] == 1 && ids[n - 1] != 2);
+    free(ids);
+    /* no spans: parse_special everywhere */
+    REQUIRE(tok_encode_guarded(v, "<s>Hello</s>", 12, false, NULL, 0, &ids, &n, &err) == 0);
+    CHECK(n == 3 && ids[0] == 1 && ids[1] == 15043 && ids[2] == 2);
     free(ids);
 
     /* invalid UTF-8 text: raw bytes become byte tokens */
