@@ -23,9 +23,11 @@ MODE
              stream completes with the reference tokens; w-b holds no stage
   failure    SIGSTOP w-c: suspect, then dead within dead_after + 1 heartbeat
              (measured and printed); SIGCONT: it registers again (ready)
-  restart    SIGKILL the coordinator, start it again: same placement (epoch,
-             stages) from the state file, workers re-register, serving resumes
-             with reference output
+  restart    SIGKILL the coordinator under 3 streams (they end with EOF, no
+             [DONE]), start it again: same placement (epoch, stages) from the
+             state file, workers re-register without loading their stage again
+             (their logs: no new "ready in", an "already loaded"), serving
+             resumes with reference output
   rejoin     3 times: SIGKILL w-b (it holds a stage) and start it again at once
              on the same data-plane port: it listens on the first try (no
              "Device is busy": the coordinator's connections left the port in
@@ -432,15 +434,48 @@ def mode_failure(cl, args):
     exact(cl, refs(args)[:2], 32, "serving after the rejoin")
 
 
+def worker_logs(cl):
+    """Every worker log's text, by file name."""
+    return {f: read_text(os.path.join(cl.tmp, f)) for f in sorted(os.listdir(cl.tmp))
+            if f.startswith("w-") and f.endswith(".log")}
+
+
 def mode_restart(cl, args):
     rs = refs(args)
     rc, out, err = cl.ctl("placement", "set", "--stages", "w-b:0-1,w-a:2-3,w-c:4-4")
     check(rc == 0, "a non-default placement before the restart")
     pl0 = cl.placement().current
     check(os.path.exists(cl.state), "state file written")
+    logs = worker_logs(cl)
+    loads0 = {f: t.count(" ready in ") for f, t in logs.items()}
+    again0 = {f: t.count("already loaded") for f, t in logs.items()}
+    # Streams in flight die with the process: EOF, no error event, no [DONE].
+    lock = threading.Lock()
+    progress = [0] * 3
+    results = [None] * 3
+
+    def run(i):
+        def on_chunk(n):
+            with lock:
+                progress[i] = n
+        try:
+            results[i] = cl.complete(rs[i]["prompt"], 200, stream=True, on_chunk=on_chunk, ignore_eos=True)
+        except Exception as e:  # noqa: BLE001 - an incomplete read is the expected end
+            results[i] = ("exception", repr(e))
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    wait_for(lambda: min(progress) >= 10, 60, 0.01)
     cl.coord.kill()
     cl.coord.wait()
-    print("coordinator SIGKILLed at epoch %d %s" % (pl0.epoch, stage_str(pl0)))
+    for t in ts:
+        t.join(60)
+    print("coordinator SIGKILLed at epoch %d %s with streams at %s tokens; they ended: %s"
+          % (pl0.epoch, stage_str(pl0), progress, [r[0] for r in results]))
+    check(all(r is not None and r[0] in (-1, "exception") for r in results),
+          "in-flight streams end without [DONE] when the coordinator dies (EOF)")
+    check(all(isinstance(r[1], list) and r[1] == rs[i]["completion_tokens"][:len(r[1])] for i, r in enumerate(results)
+              if r and r[0] == -1), "what they got before the EOF is the reference's beginning")
     t0 = time.monotonic()
     cl.start_coordinator()
     ok = wait_for(lambda: cl.stub.GetStatus(pb.GetStatusRequest(), timeout=2).serving, 60, 0.1)
@@ -451,6 +486,13 @@ def mode_restart(cl, args):
           "same placement after the restart: epoch %d %s" % (pl1.epoch, stage_str(pl1)))
     check(sorted(cl.nodes()) == ["w-a", "w-b", "w-c"], "every worker re-registered")
     exact(cl, rs[:6], 32, "after the coordinator restart")
+    logs = worker_logs(cl)
+    loads1 = {f: t.count(" ready in ") for f, t in logs.items()}
+    print("stage loads per worker log before/after the restart: %s / %s" % (loads0, loads1))
+    check(loads1 == loads0, "no worker loaded a stage again after the coordinator restart")
+    check(all(t.count("already loaded") > again0[f] for f, t in logs.items()),
+          "every worker answered the restored assignment with 'already loaded' (after the restart)")
+
 
 def time_wait_on(port):
     """Sockets on local port `port` in TIME_WAIT or FIN_WAIT2 (/proc/net/tcp): what
