@@ -3,7 +3,8 @@
  * (coordinator/serve/cluster.h), and serves the OpenAI-compatible HTTP API on one
  * libevent loop until SIGINT or SIGTERM. While the stages load, /health and
  * completions answer 503; a stage that fails to load or is not ready within
- * --ready-timeout seconds ends the process with exit status 1.
+ * --ready-timeout seconds ends the process with exit status 1. SIGTERM drains
+ * gracefully (coordinator/lifecycle.h, --shutdown-grace) and exits 0.
  *
  *   strata-coordinator --config FILE [--listen HOST:PORT] [--ready-timeout S]
  *   strata-coordinator --live --config FILE [--grpc-listen H:P] [--state FILE] ...
@@ -26,18 +27,15 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/version.h"
 #include "coordinator/api/http_api.h"
 #include "coordinator/config/cluster_config.h"
 #include "coordinator/control/control_service.h"
+#include "coordinator/lifecycle.h"
 #include "coordinator/serve/cluster.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
-#ifdef STRATA_HAVE_SYSTEMD /* sd_notify: READY=1 / STOPPING=1 for Type=notify (systemd/strata-coordinator.service) */
-#include <systemd/sd-daemon.h>
-#else
-#define sd_notify(unset_environment, state) ((void)0)
-#endif
 
 /* Start-up failed (cluster.h): leave the loop with exit status 1. */
 struct run_state {
@@ -55,18 +53,15 @@ static void on_ready(void *ud) {
     fflush(stdout);
 }
 
-static void on_signal(evutil_socket_t sig, short what, void *arg) {
-    ST_INFO("coordinator: signal %d, shutting down", (int)sig);
-    sd_notify(0, "STOPPING=1");
-    event_base_loopbreak(arg);
-}
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: strata-coordinator --config FILE [--listen HOST:PORT] [--ready-timeout S]\n"
             "  --config FILE       cluster config (INI; see docs/cluster-config.md)\n"
             "  --listen HOST:PORT  HTTP API address (overrides [cluster] listen)\n"
             "  --ready-timeout S   seconds for every worker to be reachable and loaded (60)\n"
+            "  --shutdown-grace S  on SIGTERM, completions in progress get this long to finish (30;\n"
+            "                      keep it below the unit's TimeoutStopSec=; docs/deployment.md)\n"
+            "  --version           print the version, git commit and build type\n"
             "live mode (workers register; docs/control-api.md):\n"
             "  --live              the config lists no stages; placement is automatic / via gRPC\n"
             "  --grpc-listen H:P   gRPC control API address (127.0.0.1:7070)\n"
@@ -84,6 +79,7 @@ typedef struct coord_opts {
     const char *config_path, *listen;
     double ready_timeout;
     double recovery_timeout; /* 0: the config's, else 60 */
+    double shutdown_grace;
     bool live;
     const char *grpc_listen, *state_path;
     long heartbeat_ms, dead_after_ms, min_workers;
@@ -93,6 +89,7 @@ typedef struct coord_opts {
  * --help, 2 for a bad command line). */
 static int parse_opts(int argc, char **argv, coord_opts *o) {
     *o = (coord_opts){.ready_timeout = 60.0,
+                      .shutdown_grace = SHUTDOWN_GRACE_S,
                       .grpc_listen = "127.0.0.1:7070",
                       .state_path = "strata-state.json",
                       .heartbeat_ms = 1000,
@@ -108,6 +105,8 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                                           {"listen", required_argument, NULL, 'l'},
                                           {"ready-timeout", required_argument, NULL, 't'},
                                           {"recovery-timeout", required_argument, NULL, 'R'},
+                                          {"shutdown-grace", required_argument, NULL, 'G'},
+                                          {"version", no_argument, NULL, 'V'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int c;
@@ -135,6 +134,17 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
             }
             break;
         }
+        case 'G': {
+            char *end;
+            o->shutdown_grace = strtod(optarg, &end);
+            if (!*optarg || *end || !(o->shutdown_grace >= 0 && o->shutdown_grace <= 3600)) {
+                fprintf(stderr, "strata-coordinator: --shutdown-grace: not a number of seconds in [0, 3600]: %s\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'V': st_version_print(stdout, "strata-coordinator"); return 0;
         case 'L': o->live = true; break;
         case 'g': o->grpc_listen = optarg; break;
         case 's': o->state_path = optarg; break;
@@ -270,7 +280,7 @@ static int run(const coord_opts *o) {
     }
     int rc = 1;
     struct event_base *base = NULL;
-    struct event *sigint = NULL, *sigterm = NULL;
+    lifecycle *life = NULL;
     http_api *api = NULL;
     coord_engine_owner own = {0};
     coord_model m = {0};
@@ -301,24 +311,21 @@ static int run(const coord_opts *o) {
     }
     printf("strata-coordinator: listening on http://%s:%d\n", cfg.http_host, http_api_port(api));
     fflush(stdout);
-    signal(SIGPIPE, SIG_IGN);
-    sigint = evsignal_new(base, SIGINT, on_signal, base);
-    sigterm = evsignal_new(base, SIGTERM, on_signal, base);
-    if (!sigint || !sigterm || event_add(sigint, NULL) || event_add(sigterm, NULL)) {
-        fprintf(stderr, "strata-coordinator: cannot install signal handlers\n");
+    /* Signals, graceful shutdown, READY=1 (HTTP and gRPC listen), STATUS=, watchdog. */
+    lifecycle_opts lo = {base, api, &engine, o->shutdown_grace};
+    if (!(life = lifecycle_start(&lo, &err))) {
+        fprintf(stderr, "strata-coordinator: %s\n", err.msg);
         goto out;
     }
-    sd_notify(0, "READY=1"); /* HTTP and gRPC listen, signals are handled */
     event_base_dispatch(base);
     rc = rs.failed ? 1 : 0;
 out:
+    lifecycle_free(life);
     http_api_destroy(api);
     ctl_destroy(own.ctl);
     cluster_destroy(own.cl);
     tok_vocab_free(m.vocab);
     free(m.chat_template);
-    if (sigint) event_free(sigint);
-    if (sigterm) event_free(sigterm);
     if (base) event_base_free(base);
     coord_config_free(&cfg);
     return rc;

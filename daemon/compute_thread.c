@@ -25,6 +25,7 @@ struct compute {
     int efd;
     compute_stats stats;        /* snapshot, under mu */
     stage *st;                  /* owned by the thread */
+    long delay_us;              /* test hook: $STRATA_TEST_FORWARD_DELAY_MS (below) */
 };
 
 static void push(cjob **head, cjob **tail, cjob *j)
@@ -96,6 +97,7 @@ static void run_forward(compute *c, cjob *j)
         return;
     }
     j->start_ns = st_now_ns();
+    if (c->delay_us > 0) usleep((useconds_t)c->delay_us);
     j->status = stage_forward(c->st, &j->batch, j->hidden_in, j->hidden_out, j->samples, &j->err);
     j->end_ns = st_now_ns();
     j->seconds = (double)(j->end_ns - j->start_ns) * 1e-9;
@@ -170,6 +172,15 @@ compute *compute_create(st_err *err)
     }
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    /* Test-only hook (docs/worker.md): every forward takes N ms longer, so
+     * that the shutdown tests can hold streams open for seconds with a tiny
+     * model. Inert unless the variable is set. */
+    const char *delay = getenv("STRATA_TEST_FORWARD_DELAY_MS");
+    if (delay && *delay) {
+        c->delay_us = strtol(delay, NULL, 10) * 1000;
+        if (c->delay_us > 0) ST_WARN("STRATA_TEST_FORWARD_DELAY_MS: every forward is %ld ms slower (test hook)",
+                                     c->delay_us / 1000);
+    }
     int rc = pthread_create(&c->thread, NULL, thread_main, c);
     if (rc) {
         st_errf(err, "worker: cannot start the compute thread: %s", strerror(rc));

@@ -102,7 +102,7 @@ typedef struct compl_request {
     bool max_tokens_auto;
     /* The response id ("cmpl-…"), set by the HTTP layer before submit: the
      * engine logs with it (STRATA_REQUEST_ID) and passes it to the workers. */
-    char request_id[48];
+    char request_id[64];
 } compl_request;
 
 typedef struct compl_limits {

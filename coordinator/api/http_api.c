@@ -23,6 +23,8 @@
 #include "common/metrics.h"
 #include "coordinator/api/completions.h"
 #include "coordinator/api/metrics_coord.h"
+#include "coordinator/api/probes.h"
+#include "coordinator/api/request_id.h"
 #include "coordinator/api/tokenize.h"
 #include "model/chat_template.h"
 
@@ -46,6 +48,8 @@ struct http_api {
     uint64_t salt, seq;
     call *calls; /* completions in progress */
     int n_active;
+    bool draining;     /* http_api_drain: admissions answer 503 + Retry-After */
+    int retry_after_s;
 };
 
 /* One choice of a completion: its own engine request (n > 1 and batched
@@ -68,6 +72,7 @@ struct call {
     choice *ch;
     int n_ch, n_open;
     compl_meta meta;
+    char rid[REQUEST_ID_MAX + 1]; /* X-Request-Id, else meta.id: logs and workers (request_id.h) */
     bool stream;
     double t0, t_first, t_last; /* arrival, first and latest token (monotonic seconds) */
     int n_tokens;        /* tokens delivered */
@@ -188,7 +193,7 @@ static void send_sse(call *c, const char *data) {
 /* Answers the request once every choice finished, and frees the call. */
 static void call_complete(call *c) {
     double now = st_now_s();
-    ST_REQ_INFO(c->meta.id, "http: finished (%s): %d choice%s, %d prompt + %d completion tokens, TTFT %.3f s, %.3f s in all",
+    ST_REQ_INFO(c->rid, "http: finished (%s): %d choice%s, %d prompt + %d completion tokens, TTFT %.3f s, %.3f s in all",
                 c->ch[0].finish, c->n_ch, c->n_ch == 1 ? "" : "s", call_prompt_tokens(c),
                 call_completion_tokens(c), c->n_tokens ? c->t_first - c->t0 : -1.0, now - c->t0);
     if (c->stream) {
@@ -250,7 +255,7 @@ static void call_error(call *c, const compl_error *e) {
 }
 
 static void call_fail(call *c, const char *message) {
-    ST_REQ_WARN(c->meta.id, "http: failed: %s", message ? message : "unknown error");
+    ST_REQ_WARN(c->rid, "http: failed: %s", message ? message : "unknown error");
     compl_error e;
     compl_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
                     message ? message : "unknown error");
@@ -322,7 +327,7 @@ static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish};
 /* The client went away. */
 static void on_conn_close(struct evhttp_connection *evcon, void *arg) {
     call *c = arg;
-    ST_REQ_INFO(c->meta.id, "http: client closed the connection; cancelling %s", c->meta.id);
+    ST_REQ_INFO(c->rid, "http: client closed the connection; cancelling %s", c->meta.id);
     call_cancel_open(c);
     /* On a failed write or read, evhttp detaches a request that is still
      * being answered from the connection and leaves it to us (libevent 2.1
@@ -357,6 +362,14 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
     compl_error e;
+    if (api->draining) { /* graceful shutdown (coordinator/lifecycle.h) */
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", api->retry_after_s);
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", ra);
+        reply_simple_error(api, req, 503, "server_error", "shutting_down",
+                           "the server is shutting down; retry on another replica or after it restarts");
+        return;
+    }
     if (len > api->max_body) {
         compl_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
                         "the request body has %zu bytes; the limit is %zu", len, api->max_body);
@@ -374,11 +387,15 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     c->t0 = st_now_s();
     snprintf(c->meta.id, sizeof c->meta.id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)api->salt, (unsigned long long)++api->seq);
+    const char *xrid = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Id");
+    snprintf(c->rid, sizeof c->rid, "%s", request_id_valid(xrid) ? xrid : c->meta.id);
+    if (!request_id_valid(xrid))
+        evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", c->rid);
     compl_limits lim = {api->n_ctx, api->model_name, api->chat_format, &api->tokenizer};
     int prc = chat ? compl_parse_chat(body ? body : "", len, &lim, &c->params, &e)
                    : compl_parse(body ? body : "", len, &lim, &c->params, &e);
     if (prc != 0) {
-        ST_REQ_INFO(c->meta.id, "http: %s refused (%d): %s", chat ? "chat" : "completion",
+        ST_REQ_INFO(c->rid, "http: %s refused (%d): %s", chat ? "chat" : "completion",
                     e.status, e.message);
         reply_error(api, req, &e);
         free(c);
@@ -398,7 +415,7 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
         return;
     }
     c->stream = c->params.stream;
-    snprintf(c->params.request_id, sizeof c->params.request_id, "%s", c->meta.id);
+    snprintf(c->params.request_id, sizeof c->params.request_id, "%s", c->rid);
     c->meta.created = (int64_t)time(NULL);
     c->meta.model = api->model_name;
     /* Every choice is its own engine request; the first refusal refuses
@@ -440,7 +457,7 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
         default:
             compl_error_set(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
         }
-        ST_REQ_INFO(c->meta.id, "http: refused (%d): %s", e.status, e.message);
+        ST_REQ_INFO(c->rid, "http: refused (%d): %s", e.status, e.message);
         reply_error(api, req, &e);
         call_free(c);
         return;
@@ -459,7 +476,7 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
             if (c->watch) event_add(c->watch, NULL);
         }
     }
-    ST_REQ_INFO(c->meta.id, "http: %s accepted: %d choice%s, %zu prompt bytes, max_tokens %d%s%s%s",
+    ST_REQ_INFO(c->rid, "http: %s accepted: %d choice%s, %zu prompt bytes, max_tokens %d%s%s%s",
                 chat ? "chat" : "completion", c->n_ch, c->n_ch == 1 ? "" : "s",
                 c->params.prompts[0].len, c->params.max_tokens,
                 c->stream ? ", stream" : "", c->params.user ? ", user " : "",
@@ -582,6 +599,10 @@ static void on_request(struct evhttp_request *req, void *arg) {
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
     if (!path) path = "";
+    const char *xrid = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Id");
+    if (request_id_valid(xrid)) evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", xrid);
+    probes_state ps = {api->engine, api->model_name, api->draining, api->retry_after_s};
+    if (probes_handle(req, path, &ps)) return;
     struct route {
         const char *path;
         enum evhttp_cmd_type method;
@@ -670,15 +691,30 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
     return api;
 }
 
+void http_api_drain(http_api *api, int retry_after_s) {
+    api->draining = true;
+    api->retry_after_s = retry_after_s > 0 ? retry_after_s : 1;
+}
+
+bool http_api_draining(const http_api *api) { return api->draining; }
+
+int http_api_end_all(http_api *api, const char *message) {
+    int n = 0;
+    while (api->calls) {
+        call *c = api->calls;
+        ST_REQ_WARN(c->rid, "http: ended after %d token(s): %s", c->n_tokens, message);
+        compl_error e;
+        compl_error_set(&e, 503, "server_error", NULL, "shutting_down", "%s", message);
+        call_error(c, &e); /* cancels its open choices in the engine */
+        n++;
+    }
+    return n;
+}
+
 void http_api_destroy(http_api *api) {
     if (!api) return;
     /* Answer what is in progress (so evhttp completes and frees it). */
-    while (api->calls) {
-        call *c = api->calls;
-        compl_error e;
-        compl_error_set(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
-        call_error(c, &e);
-    }
+    http_api_end_all(api, "the server is shutting down");
     if (api->http) evhttp_free(api->http);
     coord_metrics_free(api->metrics);
     free(api->model_name);

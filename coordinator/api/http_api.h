@@ -10,6 +10,7 @@
  *   GET  /metrics          Prometheus text (metrics_coord.h, docs/metrics.md)
  *   GET  /v1/models        {"object":"list","data":[{"id":model,...}]}
  *   GET  /health           200 {"status":"ok"} when the engine serves, else 503
+ *   GET  /livez /healthz /readyz /version  probes.h (liveness, readiness, build)
  *   GET  /v1/stages        the engine's per-stage counters and KV block counts
  *                          (engine_api.h stages_json; 404 when it has none)
  * Errors are OpenAI-shaped ({"error":{message,type,param,code}}): 400 invalid
@@ -17,7 +18,9 @@
  * over max_body_bytes (beyond 64 MiB evhttp's own reply), 429 queue full,
  * 503 no placement, 500 engine failure (docs/api.md has the table).
  * Every answer counts in strata_requests_total{status}; request log lines
- * carry the response id (st_log_req: STRATA_REQUEST_ID).
+ * carry the request id (st_log_req: STRATA_REQUEST_ID): the client's
+ * X-Request-Id when valid, else the response id (request_id.h); every
+ * completion answer has the X-Request-Id header.
  *
  * A client that disconnects before its completion is done (stream or not)
  * has its request cancelled through the engine (engine_api.h).
@@ -25,6 +28,7 @@
 #ifndef STRATA_COORDINATOR_API_HTTP_API_H
 #define STRATA_COORDINATOR_API_HTTP_API_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/err.h"
@@ -52,5 +56,17 @@ void http_api_destroy(http_api *api);
 int http_api_port(const http_api *api);
 /* Completions in progress (submitted to the engine, not yet finished). */
 int http_api_active(const http_api *api);
+
+/* Graceful shutdown (coordinator/shutdown.h). Closes admissions: from now
+ * on a completion gets 503 "shutting_down" with Retry-After: retry_after_s,
+ * and /readyz answers 503; requests in progress go on. */
+void http_api_drain(http_api *api, int retry_after_s);
+bool http_api_draining(const http_api *api);
+/* Ends every completion in progress: a stream gets an SSE error event
+ * (503, "shutting_down", message) and "data: [DONE]", a non-streaming request
+ * the 503 error body; each is cancelled in the engine. Returns how many.
+ * The replies are queued on their connections: run the loop a little longer
+ * to send them. */
+int http_api_end_all(http_api *api, const char *message);
 
 #endif

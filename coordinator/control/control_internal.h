@@ -61,7 +61,7 @@ typedef struct lreq {
     uint64_t cid;            /* the id in r->cl */
     coord_sink sink;
     void *ctx;
-    char request_id[48];     /* coord_request.request_id (the logs' req=), for recovery's log lines */
+    char request_id[64];     /* coord_request.request_id (the logs' req=), for recovery's log lines */
 } lreq;
 
 typedef struct gen_stream gen_stream; /* generate.c */

@@ -53,7 +53,7 @@ typedef struct coord_request {
     bool has_seed;           /* false: the engine picks sampling.seed */
     bool ignore_eos;         /* generate past EOS up to max_tokens */
     bool logprobs;           /* report each token's logprob (on_token's lp) */
-    char request_id[48];     /* for logs and the workers; "" = none */
+    char request_id[64];     /* for logs and the workers; "" = none */
 } coord_request;
 
 /* Logprobs of one generated token, as the engine reports them. */

@@ -1,0 +1,347 @@
+#!/usr/bin/python3
+"""lifecycle_test.py — issue 17: graceful shutdown of the coordinator and the
+worker, with real processes on loopback (stories260K) driven over HTTP.
+
+  lifecycle_test.py MODE --coordinator BIN --worker BIN --shared DIR [--stratactl BIN]
+
+MODE
+  shutdown        static PP 1, --shutdown-grace 4, every forward 20 ms slower
+                  (STRATA_TEST_FORWARD_DELAY_MS) so that streams last seconds:
+                  8 greedy SSE streams (4 of 40 tokens, 4 of 300) and one
+                  non-streaming request of 300, first without a signal (the
+                  reference), then with SIGTERM to the coordinator once every
+                  stream has 5 tokens. Every stream ends with [DONE]; the 40-token
+                  ones finish within the grace period with the reference tokens
+                  and no error; the 300-token ones end at the deadline with one
+                  error event "shutting_down" after a prefix of the reference;
+                  the non-streaming one gets the 503 error body; /readyz (polled
+                  in a thread) is 200 before the signal and 503 from it on; a
+                  new completion after the signal gets 503 shutting_down with
+                  Retry-After; the coordinator exits 0 about 4 s after the
+                  signal.
+  second-signal   the same streams, --shutdown-grace 60: a second SIGTERM 0.5 s
+                  after the first ends the open streams at once (error event
+                  and [DONE]); exit 0 within a few seconds, far before 60 s.
+  probes          static PP 1: /livez, /healthz, /readyz 200 and /version's
+                  fields; HEAD works, POST gets 405 with Allow; X-Request-Id is
+                  echoed and becomes req= in the log (an invalid one is replaced
+                  by the cmpl-… id); after a SIGKILL of the worker /livez stays
+                  200 while /readyz and /health answer 503 (not_ready).
+  worker-leave    live mode, w-a and w-b serve (2 stages), w-c is a spare;
+                  --dead-after-ms 30000. 6 greedy streams of 200 tokens; SIGTERM
+                  to w-b at 20 tokens: w-b tells the coordinator it is leaving
+                  (Leave), the spare takes its stage well under the heartbeat
+                  timeout, every stream ends with [DONE], no error event and
+                  the no-failure tokens; w-b exits 0; `stratactl nodes` no longer
+                  lists w-b as usable.
+Every process is stopped by its pid in a finally block; every wait is bounded.
+"""
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+from harness import FAILS, check, check_streams, sse_events  # noqa: E402
+from cluster_test import Cluster  # noqa: E402
+
+PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom", "A big red ball",
+           "One day, a girl", "The sun was", "Tim had a", "In the park"]
+SHORT, LONG = 40, 300
+
+
+def stream(port, prompt, n, on_chunk=None):
+    """One greedy SSE completion: (saw [DONE], ids, [(code, message)] of the error events)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                "stream": True, "return_token_ids": True}
+        c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            return False, [], [("http-%d" % r.status, r.read()[:300])]
+        ids, errors, done = [], [], False
+        for ch in sse_events(r):
+            if ch is None:
+                done = True
+                break
+            if "error" in ch:
+                errors.append((ch["error"].get("code"), ch["error"].get("message", "")))
+                continue
+            ids += ch["choices"][0].get("token_ids", [])
+            if on_chunk:
+                on_chunk(len(ids))
+        return done, ids, errors
+    except Exception as e:  # noqa: BLE001 - reported as a failure
+        return False, [], [("exception", repr(e))]
+    finally:
+        c.close()
+
+
+def post(port, body, headers=None, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                  headers=dict({"Content-Type": "application/json"}, **(headers or {})))
+        r = c.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        c.close()
+
+
+def run_streams(port, lengths, on_progress=None, nonstream=None):
+    """The streams of PROMPTS with lengths, at once (a thread each), plus one
+    non-streaming request of nonstream tokens when given: (stream results,
+    (status, body) of the non-streaming one)."""
+    progress = [0] * len(lengths)
+    out = [None] * len(lengths)
+    ns = [None]
+
+    def one(i):
+        def chunk(k):
+            progress[i] = k
+            if on_progress:
+                on_progress(progress)
+        out[i] = stream(port, PROMPTS[i], lengths[i], chunk)
+
+    def plain():
+        try:
+            st, _, body = post(port, {"prompt": "Once upon a time", "max_tokens": nonstream,
+                                      "temperature": 0, "ignore_eos": True})
+            ns[0] = (st, body)
+        except Exception as e:  # noqa: BLE001
+            ns[0] = (None, repr(e).encode())
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(lengths))]
+    if nonstream:
+        ts.append(threading.Thread(target=plain))
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(300)
+    return out, ns[0]
+
+
+class ReadyzPoller(threading.Thread):
+    """GET /readyz in a loop: samples (t_start, status or None when refused)."""
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.port, self.samples, self.stop = port, [], False
+
+    def run(self):
+        while not self.stop:
+            t = time.monotonic()
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                c.request("GET", "/readyz")
+                st = c.getresponse().status
+                c.close()
+            except OSError:
+                st = None
+            self.samples.append((t, st))
+            time.sleep(0.02)
+
+
+def mode_shutdown(args, second_signal=False):
+    grace = 60 if second_signal else 4
+    os.environ["STRATA_TEST_FORWARD_DELAY_MS"] = "20"
+    cl = Cluster(args, [{"tp": 1}], coord_args=["--shutdown-grace", str(grace)])
+    lengths = [SHORT] * 4 + [LONG] * 4
+    try:
+        cl.start()
+        t0 = time.monotonic()
+        base, _ = run_streams(cl.http_port, lengths)
+        print("reference run: %.1f s" % (time.monotonic() - t0))
+        for i, (done, ids, errs) in enumerate(base):
+            check(done and not errs and len(ids) == lengths[i], "reference stream %d: [DONE], %d tokens" % (i, lengths[i]))
+        poller = ReadyzPoller(cl.http_port)
+        poller.start()
+        sig = {"t": None}
+        lock = threading.Lock()
+
+        def on_progress(progress):
+            with lock:
+                if sig["t"] is None and min(progress) >= 5:
+                    sig["t"] = time.monotonic()
+                    cl.coordinator.send_signal(signal.SIGTERM)
+                    if second_signal:
+                        threading.Timer(0.5, lambda: cl.coordinator.send_signal(signal.SIGTERM)).start()
+                    threading.Timer(0.3, late_request).start()
+
+        late = {}
+
+        def late_request():
+            try:
+                late["r"] = post(cl.http_port, {"prompt": "Hello", "max_tokens": 4}, timeout=10)
+            except Exception as e:  # noqa: BLE001
+                late["r"] = (None, {}, repr(e).encode())
+        out, ns = run_streams(cl.http_port, lengths, on_progress, nonstream=None if second_signal else LONG)
+        try:
+            rc = cl.coordinator.wait(timeout=grace + 20)
+        except subprocess.TimeoutExpired:
+            rc = "still running"
+        t_exit = time.monotonic()
+        poller.stop = True
+        poller.join(10)
+        if not check(sig["t"] is not None, "SIGTERM sent once every stream had 5 tokens"):
+            return
+        took = t_exit - sig["t"]
+        print("coordinator exited %.2f s after SIGTERM (grace %d s)" % (took, grace))
+        check(rc == 0, "the coordinator exits 0 (got %r)" % rc)
+        if second_signal:
+            check(took < 10, "a second SIGTERM ends the drain at once (exit %.1f s after the first)" % took)
+        else:
+            check(grace - 0.5 <= took <= grace + 5, "exit at the end of the grace period (%.1f s, grace %d)" % (took, grace))
+        # The streams.
+        for i, (done, ids, errs) in enumerate(out):
+            check(done, "stream %d ends with [DONE]" % i)
+            ref = base[i][1]
+            if lengths[i] == SHORT and not second_signal:
+                check(not errs and ids == ref, "stream %d (%d tokens) finished within the grace period "
+                      "with the reference tokens (errors %s)" % (i, SHORT, errs[:1]))
+            elif not errs:  # a short stream that finished before the second signal
+                check(lengths[i] == SHORT and ids == ref, "stream %d finished with the reference tokens" % i)
+            else:
+                check(len(errs) == 1 and errs[0][0] == "shutting_down",
+                      "stream %d (%d tokens) ends with one shutting_down error event (%s)" % (i, lengths[i], errs[:2]))
+                check(0 < len(ids) < lengths[i] and ids == ref[:len(ids)],
+                      "stream %d: its %d tokens before the end are the reference's prefix" % (i, len(ids)))
+        if ns is not None:
+            st, body = ns
+            code = None
+            try:
+                code = json.loads(body)["error"]["code"]
+            except Exception:  # noqa: BLE001
+                pass
+            check(st == 503 and code == "shutting_down",
+                  "the non-streaming request cut at the deadline gets 503 shutting_down (%s %s)" % (st, body[:120]))
+        r = late.get("r")
+        check(r is not None and r[0] == 503 and r[1].get("Retry-After", "").isdigit()
+              and b"shutting_down" in r[2],
+              "a completion after the signal: 503 shutting_down with Retry-After (%s)"
+              % (r[:2] if r else None,))
+        # /readyz: 200 before, 503 (or refused, once it exited) from the signal on.
+        before = [s for t, s in poller.samples if t < sig["t"]]
+        after = [s for t, s in poller.samples if t > sig["t"] + 0.02]
+        check(before and before[-1] == 200, "/readyz was 200 before the signal (%s)" % before[-3:])
+        check(any(s == 503 for s in after), "/readyz answered 503 after the signal (%d samples)" % len(after))
+        check(all(s in (503, None) for s in after),
+              "/readyz never answered 200 after the signal (%s)" % sorted(set(after), key=str))
+        log = open(cl.co_log, errors="replace").read()
+        check("draining; admissions closed" in log, "the coordinator logs the drain")
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        rcs = cl.stop()
+        print("exit statuses: %s" % rcs)
+
+
+def request(port, method, path, headers=None, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        c.close()
+
+
+def mode_probes(args):
+    import re
+    cl = Cluster(args, [{"tp": 1}])
+    try:
+        cl.start()
+        p = cl.http_port
+        for path in ("/livez", "/healthz"):
+            st, h, body = request(p, "GET", path)
+            check(st == 200 and json.loads(body) == {"status": "alive"}, "GET %s: 200 alive (%d %s)" % (path, st, body))
+        st, h, body = request(p, "GET", "/readyz")
+        check(st == 200 and json.loads(body) == {"status": "ready"}, "GET /readyz: 200 ready (%d %s)" % (st, body))
+        st, h, body = request(p, "GET", "/version")
+        v = json.loads(body) if st == 200 else {}
+        print("/version: %s" % v)
+        check(re.fullmatch(r"\d+\.\d+\.\d+", v.get("version", "")) is not None, "/version: version x.y.z")
+        check(re.fullmatch(r"[0-9a-f]{12}(\+dirty)?|unknown", v.get("git_commit", "")) is not None,
+              "/version: git_commit is 12 hex digits or unknown")
+        check(v.get("model") == "stories260K" and v.get("build_type"), "/version: model and build_type")
+        st, h, body = request(p, "HEAD", "/livez")
+        check(st == 200 and body == b"", "HEAD /livez: 200, no body")
+        st, h, body = request(p, "POST", "/readyz", body=b"{}")
+        check(st == 405 and "GET" in h.get("Allow", "") and b"method_not_allowed" in body,
+              "POST /readyz: 405 with Allow (%d %s)" % (st, h.get("Allow")))
+        # X-Request-Id
+        st, h, body = post(p, {"prompt": "Once", "max_tokens": 3}, {"X-Request-Id": "trace-42.a:b"})
+        check(st == 200 and h.get("X-Request-Id") == "trace-42.a:b", "a valid X-Request-Id is echoed (%s)" % h.get("X-Request-Id"))
+        check(json.loads(body)["id"].startswith("cmpl-"), "the completion's id stays cmpl-…")
+        st, h, body = post(p, {"prompt": "Once", "max_tokens": 3, "stream": True}, {"X-Request-Id": "sse-7"})
+        check(st == 200 and h.get("X-Request-Id") == "sse-7", "a stream echoes X-Request-Id")
+        for bad in ("has space", "x" * 64, "quote\"", "ctl\x01"):
+            try:
+                st, h, body = post(p, {"prompt": "Once", "max_tokens": 3}, {"X-Request-Id": bad})
+            except Exception as e:  # noqa: BLE001 - http.client refuses some header values
+                print("  (client refused %r: %s)" % (bad, e))
+                continue
+            rid = h.get("X-Request-Id", "")
+            check(st == 200 and rid.startswith("cmpl-") and rid == json.loads(body)["id"],
+                  "an invalid X-Request-Id %r is replaced by the cmpl-… id (%s)" % (bad[:12], rid))
+        st, h, body = post(p, {"prompt": "Once", "max_tokens": 3})
+        check(h.get("X-Request-Id", "") == json.loads(body)["id"], "no X-Request-Id: the cmpl-… id is sent back")
+        st, h, body = request(p, "GET", "/v1/models", headers={"X-Request-Id": "models-1"})
+        check(h.get("X-Request-Id") == "models-1", "other routes echo X-Request-Id too")
+        time.sleep(0.3)
+        log = open(cl.co_log, errors="replace").read()
+        check("req=trace-42.a:b" in log and "req=sse-7" in log, "the log lines carry the client's request id")
+        check("has space" not in log, "an invalid id never reaches the log")
+        # Liveness vs readiness: no placement serves.
+        worker = [q for n, q in cl.procs if n == "worker0"][0]
+        worker.kill()
+        worker.wait(10)
+        ok = False
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not ok:
+            ok = request(p, "GET", "/readyz")[0] == 503
+            time.sleep(0.05)
+        st, h, body = request(p, "GET", "/readyz")
+        check(st == 503 and b"not_ready" in body and h.get("Retry-After", "").isdigit(),
+              "without a serving placement /readyz: 503 not_ready with Retry-After (%d %s)" % (st, body[:100]))
+        check(request(p, "GET", "/health")[0] == 503, "/health: 503 too")
+        check(request(p, "GET", "/livez")[0] == 200, "/livez stays 200 (the coordinator itself is alive)")
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["shutdown", "second-signal", "probes", "worker-leave"])
+    ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--stratactl")
+    ap.add_argument("--shared", required=True)
+    args = ap.parse_args()
+    if args.mode == "shutdown":
+        mode_shutdown(args)
+    elif args.mode == "second-signal":
+        mode_shutdown(args, second_signal=True)
+    elif args.mode == "probes":
+        mode_probes(args)
+    else:
+        mode_worker_leave(args)
+    if FAILS:
+        print("FAILED: %d check(s)" % len(FAILS))
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
