@@ -17,6 +17,8 @@ struct coord_metrics {
     metrics_series *recoveries, *resumed, *recomputed; /* live mode's recovery counters */
     metrics_series *fenced;
     uint64_t last_recoveries, last_resumed, last_recomputed, last_fenced;
+    metrics_series *detect, *resume; /* recovery timings (histograms) */
+    uint64_t last_detect, last_resume;
     metrics_family *busy, *bytes, *frames, *wstate, *wage;
     /* Counters from the workers: Prometheus counters only go up, so the
      * exported value follows the largest seen (a restarted worker resets). */
@@ -24,6 +26,15 @@ struct coord_metrics {
 };
 
 static const char *const static_worker_states[] = {"joining", "ready", "serving", "lost", NULL};
+
+/* Observes the entries of ring (engine_api.h: entry k at [k % KEEP]) that
+ * came after *seen, at most the KEEP newest; *seen = n. */
+static void observe_new(metrics_series *h, const double *ring, uint64_t n, uint64_t *seen) {
+    uint64_t k = *seen;
+    if (n > k + COORD_RECOVERY_KEEP) k = n - COORD_RECOVERY_KEEP;
+    for (; k < n; k++) metrics_histogram_observe(h, ring[k % COORD_RECOVERY_KEEP]);
+    if (n > *seen) *seen = n;
+}
 
 static void collect(metrics_registry *r, void *ud) {
     (void)r;
@@ -52,6 +63,8 @@ static void collect(metrics_registry *r, void *ud) {
         metrics_counter_add(m->fenced, (double)(st->fenced_frames - m->last_fenced));
         m->last_fenced = st->fenced_frames;
     }
+    observe_new(m->detect, st->detection_s, st->n_detections, &m->last_detect);
+    observe_new(m->resume, st->resume_s, st->n_resumes, &m->last_resume);
     for (int i = 0; i < st->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
         char idx[16];
         snprintf(idx, sizeof idx, "%d", i);
@@ -146,6 +159,17 @@ coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
                         "their epoch lost a stage).",
                         NULL, err),
         m->fenced);
+    static const double rec_b[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 2.5, 3, 5, 10, 30, 60};
+    ONE(metrics_histogram(m->reg, "strata_recovery_detection_seconds",
+                          "Time from a lost stage's last sign of life (its latest stats reply) to the "
+                          "coordinator declaring it lost (disconnect or micro-batch deadline).",
+                          NULL, rec_b, sizeof rec_b / sizeof *rec_b, err),
+        m->detect);
+    ONE(metrics_histogram(m->reg, "strata_recovery_resume_seconds",
+                          "Time from a stage loss to serving again (a new placement, or the stage's "
+                          "worker back) with the held requests resumed.",
+                          NULL, rec_b, sizeof rec_b / sizeof *rec_b, err),
+        m->resume);
 #undef ONE
     if (!(m->busy = metrics_gauge(m->reg, "strata_stage_busy_ratio",
                                   "Fraction (0..1) of the last interval the stage computed.",

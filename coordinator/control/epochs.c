@@ -128,6 +128,7 @@ void ctl_try_finish_switch(evutil_socket_t fd, short what, void *arg) {
     if (recovery) {
         s->seqs_resumed += (uint64_t)n;
         s->tokens_recomputed += (uint64_t)tokens;
+        cluster_note_resumed(st_now_s() - s->lost_at);
         ST_INFO("control: recovery: epoch %" PRIu64 " serves %.2f s after the loss in epoch %" PRIu64
                 "; resumed %d request(s) [%s] by re-prefilling %" PRId64 " token(s)",
                 s->cur->pl.epoch, st_now_s() - s->lost_at, from->pl.epoch, n, ids, tokens);

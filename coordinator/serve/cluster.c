@@ -50,6 +50,20 @@ typedef Strata__V1__ControlMessage ctl_msg;
  * partition). Loop thread only. */
 static uint64_t g_fenced_frames;
 
+/* Recovery timings of every cluster of this process (coord_engine_stats
+ * .detection_s / .resume_s rings, filled by cluster_recovery_times). */
+static uint64_t g_n_detect, g_n_resume;
+static double g_detect[COORD_RECOVERY_KEEP], g_resume[COORD_RECOVERY_KEEP];
+
+void cluster_note_resumed(double seconds) { g_resume[g_n_resume++ % COORD_RECOVERY_KEEP] = seconds; }
+
+void cluster_recovery_times(coord_engine_stats *out) {
+    out->n_detections = g_n_detect;
+    out->n_resumes = g_n_resume;
+    memcpy(out->detection_s, g_detect, sizeof g_detect);
+    memcpy(out->resume_s, g_resume, sizeof g_resume);
+}
+
 enum link_state { LINK_DOWN, LINK_ASSIGNED, LINK_READY, LINK_LOST };
 
 typedef struct stage_link {
@@ -706,6 +720,7 @@ static void recovery_resume(cluster *c) {
     }
     c->n_resumed += (uint64_t)n_ok;
     c->n_recomputed += (uint64_t)n_tok;
+    cluster_note_resumed(t - c->lost_at);
     char ids[512];
     ST_INFO("cluster: recovery: every stage is ready again %.2f s after the loss (%s); resumed %d "
             "request(s) %s by re-prefilling %lld token(s)",
@@ -869,6 +884,8 @@ static void x_on_connect(xport_peer *peer, bool inbound, void *ud) {
  * check_overdue): the batches in flight are aborted, then hold mode calls
  * on_lost, the static mode fails every request. */
 static void stage_lost(cluster *c, stage_link *l, const char *msg) {
+    double since = st_now_s() - l->stats_at; /* its last sign of life */
+    g_detect[g_n_detect++ % COORD_RECOVERY_KEEP] = since > 0 ? since : 0;
     c->lost = true;
     snprintf(c->lost_msg, sizeof c->lost_msg, "%s", msg);
     if (c->on_lost)
@@ -1207,6 +1224,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->kv_blocks_used = (int)st.blocks_used;
     out->kv_blocks_free = (int)st.blocks_free;
     out->fenced_frames = g_fenced_frames;
+    cluster_recovery_times(out);
     out->recoveries = c->n_recoveries;
     out->sequences_resumed = c->n_resumed;
     out->tokens_recomputed = c->n_recomputed;

@@ -147,6 +147,14 @@ uint64_t cluster_epoch(const cluster *c);
 int cluster_ready_stages(const cluster *c);
 int cluster_n_requests(const cluster *c);
 bool cluster_stage_ready(const cluster *c, int i);
+/* Recovery timings (coord_engine_stats.detection_s / .resume_s, /metrics
+ * histograms): every cluster of the process records the detection time of
+ * its lost stages; cluster_note_resumed(seconds) records one resume (the
+ * static mode's own; the live control plane's when the new epoch serves).
+ * cluster_recovery_times copies both rings and counts into *out. */
+void cluster_note_resumed(double seconds);
+void cluster_recovery_times(coord_engine_stats *out);
+
 int cluster_move_requests(cluster *from, cluster *to,
                           void (*on_moved)(void *ud, uint64_t old_id, uint64_t new_id), void *ud);
 void cluster_release_workers(cluster *c);

@@ -86,6 +86,8 @@ typedef struct coord_worker_stats {
     double heartbeat_age_s;  /* seconds since it last reported; < 0 = never */
 } coord_worker_stats;
 
+#define COORD_RECOVERY_KEEP 64
+
 typedef struct coord_engine_stats {
     int queue_depth;         /* requests waiting for a scheduler slot */
     int running;             /* requests being prefilled or decoded */
@@ -106,6 +108,15 @@ typedef struct coord_engine_stats {
     /* Data-plane frames the coordinator dropped as fenced: results of an
      * older epoch, or arriving after their epoch lost a stage (cluster.c). */
     uint64_t fenced_frames;
+    /* Recovery timings in seconds, the latest COORD_RECOVERY_KEEP of each:
+     * entry k (counting from 0 since the start) is at [k % COORD_RECOVERY_KEEP];
+     * n_* count every one ever. detection: from the lost stage's last sign of
+     * life (its latest StageStats reply; they are polled every 100 ms) to the
+     * coordinator's verdict (disconnect or deadline). resume: from the verdict
+     * to serving again (the new placement, or the stage's worker back). */
+    uint64_t n_detections, n_resumes;
+    double detection_s[COORD_RECOVERY_KEEP];
+    double resume_s[COORD_RECOVERY_KEEP];
 } coord_engine_stats;
 
 typedef struct coord_engine_ops {

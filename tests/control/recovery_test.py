@@ -201,6 +201,19 @@ def kill_mid_stream(cl, rs, base, label, hang=False):
     check(vals.get("strata_recoveries_total") == 1 and vals.get("strata_sequences_resumed_total") == len(rs) and
           vals.get("strata_tokens_recomputed_total", 0) >= len(rs) * KILL_AT,
           "%s: /metrics counts 1 recovery, %d resumed sequences, their tokens" % (label, len(rs)))
+    h = {}
+    for line in m.splitlines():
+        if line.startswith(("strata_recovery_detection_seconds_", "strata_recovery_resume_seconds_")) \
+                and not line.startswith("#") and "_bucket" not in line:
+            k, v = line.split()
+            h[k] = float(v)
+    print("recovery histograms: %s" % h)
+    check(h.get("strata_recovery_detection_seconds_count") == 1 and h.get("strata_recovery_resume_seconds_count") == 1,
+          "%s: /metrics histograms have 1 detection and 1 resume time" % label)
+    if hang:
+        check(h.get("strata_recovery_detection_seconds_sum", 0) >= 1.9,
+              "%s: the detection time of a hang is at least the deadline (2 s): %.2f s"
+              % (label, h.get("strata_recovery_detection_seconds_sum", 0)))
     st, body = cl.get("/health")
     check(st == 200, "%s: /health 200 after the recovery (%d)" % (label, st))
     out = run_streams(cl, rs[:2], 32)
