@@ -2,7 +2,7 @@
  * proto/control.proto) through rpc/grpc_client. Human-readable tables by
  * default, JSON (field names as in control.proto) with --json.
  *
- *   stratactl [--addr HOST:PORT] [--json] [--timeout S] COMMAND
+ *   stratactl [--addr HOST:PORT] [--json] [--timeout S] [--ca F --cert F --key F] COMMAND
  *     status | nodes | placement show | placement set --stages a:0-2,b:3-4
  *     placement auto [--dry-run] | drain NODE | undrain NODE
  *     generate PROMPT [--max-tokens N]
@@ -10,6 +10,10 @@
  * Exit codes (docs/control-api.md): 0 ok; 1 the server answered an error
  * status (printed as "CODE: message"); 2 usage error; 3 the server is
  * unavailable or the deadline passed.
+ *
+ * Mutual TLS (docs/security.md): --ca/--cert/--key ($STRATA_CA, $STRATA_CERT,
+ * $STRATA_KEY) give the cluster CA and an operator certificate (CN
+ * "operator:NAME"); the coordinator's certificate must name the --addr host.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -30,7 +34,7 @@
 enum { EXIT_OK = 0, EXIT_SERVER = 1, EXIT_USAGE = 2, EXIT_UNAVAILABLE = 3 };
 
 static const char usage_text[] =
-    "usage: stratactl [--addr HOST:PORT] [--json] [--timeout S] COMMAND\n"
+    "usage: stratactl [--addr HOST:PORT] [--json] [--timeout S] [--ca F --cert F --key F] COMMAND\n"
     "commands:\n"
     "  status                                cluster summary\n"
     "  nodes                                 registered workers, state, heartbeat age, load\n"
@@ -44,10 +48,14 @@ static const char usage_text[] =
     "  --addr HOST:PORT   coordinator control address (default $STRATACTL_ADDR or " DEFAULT_ADDR ")\n"
     "  --json             JSON output (generate: one JSON object per chunk)\n"
     "  --timeout S        deadline in seconds (default 10; generate: 600)\n"
+    "  --ca FILE          cluster CA certificate: mutual TLS (default $STRATA_CA)\n"
+    "  --cert FILE        operator certificate, CN operator:NAME (default $STRATA_CERT)\n"
+    "  --key FILE         its private key (default $STRATA_KEY); docs/security.md\n"
     "exit codes: 0 ok, 1 server error, 2 usage error, 3 unavailable or timed out\n";
 
 typedef struct opts {
     const char *addr;
+    rpc_tls tls;           /* all NULL: plaintext */
     int json;
     double timeout;
     const char *stages;
@@ -153,8 +161,12 @@ static void print_json(const ProtobufCMessage *m) {
 
 /* ------------------------------------------------------------------ calls */
 
+/* Set when the channel is TLS: a failed handshake shows as UNAVAILABLE. */
+static const char *unavailable_hint = "";
+
 static int status_exit(const char *what, const rpc_status *st) {
-    fprintf(stderr, "stratactl: %s: %s: %s\n", what, rpc_code_name(st->code), st->msg);
+    fprintf(stderr, "stratactl: %s: %s: %s%s\n", what, rpc_code_name(st->code), st->msg,
+            st->code == RPC_UNAVAILABLE ? unavailable_hint : "");
     if (st->code == RPC_UNAVAILABLE || st->code == RPC_DEADLINE_EXCEEDED) return EXIT_UNAVAILABLE;
     return EXIT_SERVER;
 }
@@ -513,12 +525,18 @@ static int parse_args(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--dry-run")) {
             o->dry_run = 1;
         } else if (!strcmp(a, "--addr") || !strcmp(a, "--timeout") || !strcmp(a, "--stages") ||
-                   !strcmp(a, "--max-tokens")) {
+                   !strcmp(a, "--max-tokens") || !strcmp(a, "--ca") || !strcmp(a, "--cert") || !strcmp(a, "--key")) {
             if (!val) return usage_error("%s needs a value", a);
             i++;
             char *end;
             if (!strcmp(a, "--addr")) {
                 o->addr = val;
+            } else if (!strcmp(a, "--ca")) {
+                o->tls.ca = val;
+            } else if (!strcmp(a, "--cert")) {
+                o->tls.cert = val;
+            } else if (!strcmp(a, "--key")) {
+                o->tls.key = val;
             } else if (!strcmp(a, "--stages")) {
                 o->stages = val;
             } else if (!strcmp(a, "--timeout")) {
@@ -540,6 +558,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         }
     }
     if (o->n_words == 0) return usage_error("%s", "no command");
+    if (!o->tls.ca) o->tls.ca = getenv("STRATA_CA");
+    if (!o->tls.cert) o->tls.cert = getenv("STRATA_CERT");
+    if (!o->tls.key) o->tls.key = getenv("STRATA_KEY");
     const char *cmd = o->words[0];
     int want_min = 1, want_max = 1;
     if (!strcmp(cmd, "placement")) want_max = 2;
@@ -566,10 +587,19 @@ int main(int argc, char **argv) {
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
     st_err err;
-    rpc_client *c = rpc_client_create(o.addr, &err);
+    int tls = rpc_tls_given(&o.tls, "--", &err);
+    if (tls < 0) {
+        fprintf(stderr, "stratactl: %s (or $STRATA_CA, $STRATA_CERT, $STRATA_KEY)\n", err.msg);
+        return EXIT_USAGE;
+    }
+    if (tls)
+        unavailable_hint = " (mutual TLS: a refused handshake looks the same; check that the coordinator's "
+                           "certificate is from --ca and names the --addr host, and that --cert is from the "
+                           "same CA)";
+    rpc_client *c = rpc_client_create(o.addr, tls ? &o.tls : NULL, &err);
     if (!c) {
         fprintf(stderr, "stratactl: %s\n", err.msg);
-        return EXIT_UNAVAILABLE;
+        return tls ? EXIT_USAGE : EXIT_UNAVAILABLE;
     }
     const char *cmd = o.words[0];
     if (!strcmp(cmd, "status")) rc = cmd_status(c, &o);

@@ -7,7 +7,8 @@
  * gracefully (coordinator/lifecycle.h, --shutdown-grace) and exits 0.
  *
  *   strata-coordinator --config FILE [--listen HOST:PORT] [--ready-timeout S]
- *   strata-coordinator --live --config FILE [--grpc-listen H:P] [--state FILE] ...
+ *   strata-coordinator --live --config FILE [--grpc-listen H:P] [--state FILE]
+ *                      [--grpc-ca F --grpc-cert F --grpc-key F] [--insecure] ...
  *
  * --live: the config has no stages; workers register over gRPC and the
  * placement is live (coordinator/control/control_service.h, docs/control-api.md).
@@ -26,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/exposure.h"
 #include "common/log.h"
 #include "common/version.h"
 #include "coordinator/api/http_api.h"
@@ -65,6 +67,12 @@ static void usage(FILE *f) {
             "live mode (workers register; docs/control-api.md):\n"
             "  --live              the config lists no stages; placement is automatic / via gRPC\n"
             "  --grpc-listen H:P   gRPC control API address (127.0.0.1:7070)\n"
+            "  --grpc-ca FILE      cluster CA: clients need a certificate it issued (mutual TLS;\n"
+            "                      overrides [cluster] grpc_ca; docs/security.md)\n"
+            "  --grpc-cert FILE    the coordinator's certificate (overrides [cluster] grpc_cert)\n"
+            "  --grpc-key FILE     its private key (overrides [cluster] grpc_key)\n"
+            "  --insecure          allow listening on a non-loopback address without credentials\n"
+            "                      (a warning at every start)\n"
             "  --state FILE        cluster state file (./strata-state.json)\n"
             "  --heartbeat-ms N    worker heartbeat interval (1000)\n"
             "  --dead-after-ms N   no heartbeat this long: the node is dead (10000)\n"
@@ -82,6 +90,8 @@ typedef struct coord_opts {
     double shutdown_grace;
     bool live;
     const char *grpc_listen, *state_path;
+    const char *grpc_ca, *grpc_cert, *grpc_key; /* NULL: the config's */
+    bool insecure;
     long heartbeat_ms, dead_after_ms, min_workers;
 } coord_opts;
 
@@ -98,6 +108,10 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                           {"live", no_argument, NULL, 'L'},
                                           {"grpc-listen", required_argument, NULL, 'g'},
+                                          {"grpc-ca", required_argument, NULL, 'A'},
+                                          {"grpc-cert", required_argument, NULL, 'E'},
+                                          {"grpc-key", required_argument, NULL, 'K'},
+                                          {"insecure", no_argument, NULL, 'I'},
                                           {"state", required_argument, NULL, 's'},
                                           {"heartbeat-ms", required_argument, NULL, 'H'},
                                           {"dead-after-ms", required_argument, NULL, 'D'},
@@ -147,6 +161,10 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
         case 'V': st_version_print(stdout, "strata-coordinator"); return 0;
         case 'L': o->live = true; break;
         case 'g': o->grpc_listen = optarg; break;
+        case 'A': o->grpc_ca = optarg; break;
+        case 'E': o->grpc_cert = optarg; break;
+        case 'K': o->grpc_key = optarg; break;
+        case 'I': o->insecure = true; break;
         case 's': o->state_path = optarg; break;
         case 'H':
         case 'D':
@@ -167,6 +185,10 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
     }
     if (!o->config_path || optind != argc) {
         usage(stderr);
+        return 2;
+    }
+    if (!o->live && (o->grpc_ca || o->grpc_cert || o->grpc_key)) {
+        fprintf(stderr, "strata-coordinator: --grpc-ca, --grpc-cert and --grpc-key need --live (the gRPC control API)\n");
         return 2;
     }
     return -1;
@@ -215,7 +237,21 @@ typedef struct coord_engine_owner {
 static int start_engine(struct event_base *base, const coord_opts *o, coord_config *cfg, const coord_model *m,
                         struct run_state *rs, coord_engine_owner *own, coord_engine *engine, st_err *err) {
     if (o->live) {
+        /* Mutual TLS of the gRPC control API: the flags, else the config's
+         * keys; without it only loopback, unless --insecure (exposure.h). */
+        const char *ca = o->grpc_ca ? o->grpc_ca : cfg->grpc_ca, *cert = o->grpc_cert ? o->grpc_cert : cfg->grpc_cert,
+                   *key = o->grpc_key ? o->grpc_key : cfg->grpc_key;
+        /* Any of the three counts: ctl_create names the missing ones. */
+        bool tls = (ca && *ca) || (cert && *cert) || (key && *key);
+        char why[512];
+        if (st_exposure_check("gRPC control", o->grpc_listen, tls, o->insecure, why, sizeof why) != 0) {
+            fprintf(stderr, "strata-coordinator: %s\n", why);
+            return -1;
+        }
         ctl_opts lo = {.cfg = cfg,
+                       .grpc_ca = ca,
+                       .grpc_cert = cert,
+                       .grpc_key = key,
                        .vocab = m->vocab,
                        .n_ctx = m->n_ctx,
                        .grpc_listen = o->grpc_listen,
@@ -233,7 +269,8 @@ static int start_engine(struct event_base *base, const coord_opts *o, coord_conf
             return -1;
         }
         *engine = ctl_engine(own->ctl);
-        printf("strata-coordinator: gRPC control API on %s (port %d)\n", o->grpc_listen, ctl_grpc_port(own->ctl));
+        printf("strata-coordinator: gRPC control API on %s (port %d, %s)\n", o->grpc_listen, ctl_grpc_port(own->ctl),
+               tls ? "mutual TLS" : "plaintext");
         fflush(stdout);
         return 0;
     }

@@ -3,6 +3,7 @@
  *
  *   strata-worker --listen HOST:PORT [--name NAME] [--threads N] [--log-level L]
  *                 [--coordinator HOST:PORT --model FILE... | --model-dir DIR] [--memory BYTES]
+ *                 [--grpc-ca FILE --grpc-cert FILE --grpc-key FILE]
  *
  * With --coordinator the worker registers with the coordinator's gRPC control
  * service and heartbeats (daemon/registration.h); without it, it waits for a
@@ -37,6 +38,7 @@
 /* What the command line asks for (models: owned copies of the paths). */
 struct worker_cli {
     const char *listen, *name, *coordinator;
+    const char *grpc_ca, *grpc_cert, *grpc_key; /* mutual TLS to the coordinator (docs/security.md) */
     char host[256]; /* --listen split */
     int port;
     int threads;
@@ -70,7 +72,10 @@ static void usage(FILE *f)
             "  --coordinator H:P   register with the coordinator's gRPC control service (live mode)\n"
             "  --model FILE        a model file this node has (repeatable; live mode)\n"
             "  --model-dir DIR     every *.gguf file in DIR (live mode)\n"
-            "  --memory BYTES      memory to advertise for placement (suffix K, M, G; default MemTotal)\n");
+            "  --memory BYTES      memory to advertise for placement (suffix K, M, G; default MemTotal)\n"
+            "  --grpc-ca FILE      cluster CA: mutual TLS to the coordinator (default $STRATA_CA)\n"
+            "  --grpc-cert FILE    this node's certificate, CN node:NAME (default $STRATA_CERT)\n"
+            "  --grpc-key FILE     its private key (default $STRATA_KEY); docs/security.md\n");
 }
 
 static int bad(const char *fmt, const char *arg)
@@ -127,6 +132,9 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
                                          {"threads", required_argument, 0, 't'},
                                          {"log-level", required_argument, 0, 'v'},
                                          {"coordinator", required_argument, 0, 'C'},
+                                         {"grpc-ca", required_argument, 0, 'A'},
+                                         {"grpc-cert", required_argument, 0, 'E'},
+                                         {"grpc-key", required_argument, 0, 'K'},
                                          {"model", required_argument, 0, 'm'},
                                          {"model-dir", required_argument, 0, 'D'},
                                          {"memory", required_argument, 0, 'M'},
@@ -156,6 +164,9 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
             else return bad("--log-level '%s' is not error, warn, info or debug", optarg);
             break;
         case 'C': o->coordinator = optarg; break;
+        case 'A': o->grpc_ca = optarg; break;
+        case 'E': o->grpc_cert = optarg; break;
+        case 'K': o->grpc_key = optarg; break;
         case 'm':
             if (o->n_models == MAX_MODELS) return bad("more than %s model files", "64");
             if (access(optarg, R_OK) != 0) return bad("--model: cannot read '%s'", optarg);
@@ -176,6 +187,13 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
     if ((o->n_models || o->memory) && !o->coordinator)
         return bad("%s", "--model, --model-dir and --memory need --coordinator");
     if (o->coordinator && !o->name) return bad("%s", "--coordinator needs --name (the node name it registers)");
+    if ((o->grpc_ca || o->grpc_cert || o->grpc_key) && !o->coordinator)
+        return bad("%s", "--grpc-ca, --grpc-cert and --grpc-key need --coordinator");
+    if (o->coordinator) { /* the environment fills in what the flags leave out (docs/security.md) */
+        if (!o->grpc_ca) o->grpc_ca = getenv("STRATA_CA");
+        if (!o->grpc_cert) o->grpc_cert = getenv("STRATA_CERT");
+        if (!o->grpc_key) o->grpc_key = getenv("STRATA_KEY");
+    }
     st_err err;
     if (worker_parse_hostport(o->listen, o->host, sizeof o->host, &o->port, 1, &err))
         return bad("--listen: %s", err.msg);
@@ -226,7 +244,10 @@ static int start_live(const struct worker_cli *o, struct event_base *base, struc
                    .data_address = data_addr,
                    .models = (const char *const *)o->models,
                    .n_models = o->n_models,
-                   .memory_bytes = o->memory};
+                   .memory_bytes = o->memory,
+                   .ca = o->grpc_ca,
+                   .cert = o->grpc_cert,
+                   .key = o->grpc_key};
     st_err err;
     tick->reg = reg_start(&ro, &err);
     tick->ev = tick->reg ? event_new(base, -1, EV_PERSIST, on_load_tick, tick) : NULL;

@@ -30,6 +30,7 @@ typedef struct model_info {
 
 struct reg_client {
     char *coordinator, *node, *data_address;
+    char *ca, *cert, *key; /* NULL: plaintext */
     char **paths;
     int n_models;
     model_info *models;
@@ -203,7 +204,8 @@ static void *reg_main(void *arg)
         }
     }
     st_err err = {{0}};
-    rpc_client *c = rpc_client_create(r->coordinator, &err);
+    rpc_tls tls = {r->ca, r->cert, r->key};
+    rpc_client *c = rpc_client_create(r->coordinator, r->ca ? &tls : NULL, &err);
     if (!c) {
         ST_ERROR("registration: %s", err.msg);
         return NULL;
@@ -225,7 +227,11 @@ static void *reg_main(void *arg)
                     ST_ERROR("registration: Register refused: %s: %s", rpc_code_name(st.code), st.msg);
                     if (nap(r, 2000)) break;
                 } else {
-                    if (!warned) ST_WARN("registration: coordinator %s: %s", r->coordinator, st.msg);
+                    if (!warned)
+                        ST_WARN("registration: coordinator %s: %s%s", r->coordinator, st.msg,
+                                r->ca ? " (mutual TLS: a failed handshake looks the same; check that the "
+                                        "coordinator's certificate is from --grpc-ca and names this address)"
+                                      : "");
                     warned = true;
                     if (nap(r, 500)) break;
                 }
@@ -283,6 +289,9 @@ static void reg_free(reg_client *r)
     free(r->coordinator);
     free(r->node);
     free(r->data_address);
+    free(r->ca);
+    free(r->cert);
+    free(r->key);
     for (int i = 0; i < r->n_models; i++) {
         free(r->paths ? r->paths[i] : NULL);
         free(r->models ? r->models[i].name : NULL);
@@ -303,6 +312,17 @@ reg_client *reg_start(const reg_opts *o, st_err *err)
     r->paths = calloc((size_t)(o->n_models + 1), sizeof *r->paths);
     r->models = calloc((size_t)(o->n_models + 1), sizeof *r->models);
     if (!r->coordinator || !r->node || !r->data_address || !r->paths || !r->models) goto oom;
+    rpc_tls tls = {o->ca, o->cert, o->key};
+    int tls_given = rpc_tls_given(&tls, "--grpc-", err);
+    rpc_tls_pem pem;
+    if (tls_given < 0 || (tls_given == 1 && rpc_tls_load(&tls, &pem, err) != 0)) {
+        reg_free(r);
+        return NULL;
+    }
+    if (tls_given == 1) {
+        rpc_tls_pem_free(&pem);
+        if (!(r->ca = strdup(o->ca)) || !(r->cert = strdup(o->cert)) || !(r->key = strdup(o->key))) goto oom;
+    }
     for (int i = 0; i < o->n_models; i++) {
         r->paths[i] = strdup(o->models[i]);
         const char *b = strrchr(o->models[i], '/');

@@ -17,6 +17,12 @@
  * retried every 0.5 s. A heartbeat answered `reregister` (the coordinator
  * restarted, or declared the node dead) registers again.
  *
+ * Mutual TLS (docs/security.md): with ca/cert/key the channel is TLS; the
+ * coordinator's certificate must be issued by the CA and name the
+ * coordinator's host, and ours must be the node's (CN "node:NAME" with NAME
+ * = reg_opts.node, or the coordinator refuses: PERMISSION_DENIED, logged and
+ * retried like any refusal). reg_start checks the files first.
+ *
  * Load figures come from the loop thread through reg_set_load (thread-safe).
  */
 #ifndef STRATA_DAEMON_REGISTRATION_H
@@ -35,6 +41,7 @@ typedef struct reg_opts {
     const char *const *models; /* model file paths */
     int n_models;
     uint64_t memory_bytes;     /* advertised host memory; 0 = MemTotal */
+    const char *ca, *cert, *key; /* mutual TLS PEM paths: all three or none (NULL: plaintext) */
 } reg_opts;
 
 /* What a heartbeat reports (latest values from the loop). */
@@ -45,7 +52,8 @@ typedef struct reg_load {
     uint64_t bytes_sent;
 } reg_load;
 
-/* Hashes nothing yet: starts the thread (which hashes, then registers). */
+/* Hashes nothing yet: checks the TLS files (rpc_tls_load) and starts the
+ * thread (which hashes, then registers). NULL + err on a bad TLS file. */
 reg_client *reg_start(const reg_opts *o, st_err *err);
 void reg_set_load(reg_client *r, const reg_load *l);
 /* 1 once registered with the current coordinator (for logs and tests). */

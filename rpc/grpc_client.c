@@ -1,5 +1,6 @@
 /* grpc_client.c — the blocking unary / server-streaming gRPC client of
- * grpc_client.h: one insecure channel, one pluck completion queue per call.
+ * grpc_client.h: one channel (plaintext or mutual TLS), one pluck completion
+ * queue per call.
  */
 #include "rpc/grpc_client.h"
 
@@ -21,7 +22,20 @@ struct rpc_client {
     char *target;
 };
 
-rpc_client *rpc_client_create(const char *target, st_err *err) {
+/* Plaintext, or mutual TLS with tls's files. */
+static grpc_channel_credentials *channel_creds(const rpc_tls *tls, st_err *err) {
+    if (!tls) return grpc_insecure_credentials_create();
+    rpc_tls_pem pem;
+    if (rpc_tls_load(tls, &pem, err) != 0) return NULL;
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = pem.key, .cert_chain = pem.cert};
+    /* Default verification: the chain to pem.ca and the target's host name. */
+    grpc_channel_credentials *c = grpc_ssl_credentials_create(pem.ca, &pair, NULL, NULL);
+    rpc_tls_pem_free(&pem);
+    if (!c) st_errf(err, "rpc: gRPC refused the TLS credentials (%s, %s)", tls->cert, tls->key);
+    return c;
+}
+
+rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *err) {
     if (!target || !*target) {
         st_errf(err, "rpc: empty server address");
         return NULL;
@@ -33,7 +47,13 @@ rpc_client *rpc_client_create(const char *target, st_err *err) {
         return NULL;
     }
     grpc_init();
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds = channel_creds(tls, err);
+    if (!creds) {
+        free(c->target);
+        free(c);
+        grpc_shutdown();
+        return NULL;
+    }
     c->ch = grpc_channel_create(target, creds, NULL);
     grpc_channel_credentials_release(creds);
     if (!c->ch) {

@@ -1,6 +1,6 @@
 /* grpc_client.h — a small blocking gRPC client on gRPC's C core (libgrpc):
- * unary and server-streaming calls over an insecure HTTP/2 channel, with
- * deadlines. Used by stratactl (cli/) and by workers (Register, Heartbeat).
+ * unary and server-streaming calls over an HTTP/2 channel (plaintext, or
+ * mutual TLS with the files of grpc_tls.h), with deadlines. Used by stratactl (cli/) and by workers (Register, Heartbeat).
  *
  * Messages are bytes: encode and decode them with protobuf-c in the caller.
  * Each call blocks the calling thread until the call is over (it plucks its
@@ -11,7 +11,9 @@
  * fills `st` (caller-owned, may be NULL) with the gRPC status code and message
  * either way. A server that cannot be reached gives UNAVAILABLE at once (calls
  * fail fast, they do not wait for the connection); a call still running at
- * its deadline gives DEADLINE_EXCEEDED.
+ * its deadline gives DEADLINE_EXCEEDED. Over TLS, a failed handshake (the
+ * server's certificate is not from our CA or does not name the target's host,
+ * or the server refused ours) also gives UNAVAILABLE.
  */
 #ifndef STRATA_RPC_GRPC_CLIENT_H
 #define STRATA_RPC_GRPC_CLIENT_H
@@ -20,14 +22,18 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "rpc/grpc_tls.h"
 #include "rpc/rpc_code.h"
 
 typedef struct rpc_client rpc_client;
 
 /* A channel to target ("host:port", "127.0.0.1:7070", "[::1]:7070", or any
  * gRPC target URI such as "dns:///coord:7070"). Connects lazily, on the first
- * call. NULL with a message on a bad target. */
-rpc_client *rpc_client_create(const char *target, st_err *err);
+ * call. tls NULL: plaintext; else mutual TLS: the server's certificate must
+ * be issued by tls->ca and name the target's host (a DNS or IP subject
+ * alternative name), and tls->cert / tls->key are our identity. NULL with a
+ * message on a bad target or a wrong TLS file (rpc_tls_load). */
+rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *err);
 /* Closes the channel. NULL is a no-op. */
 void rpc_client_destroy(rpc_client *c);
 

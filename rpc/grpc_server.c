@@ -60,6 +60,7 @@ struct rpc_call {
     grpc_metadata_array md;
     char *method;             /* malloc'd copy of details.method */
     const method_entry *m;    /* NULL: unknown method */
+    rpc_peer peer;            /* set on the rpc thread before dispatch, then read-only */
     grpc_byte_buffer *recv;
     int close_cancelled;
     rpc_tag t_new, t_close, t_recv, t_send, t_status;
@@ -81,6 +82,7 @@ struct rpc_server {
     grpc_server *server;
     grpc_completion_queue *cq;
     int port;
+    bool tls;                 /* mutual TLS: calls without a client certificate are refused */
     bool started;
     pthread_t thread;
     method_entry *methods;
@@ -340,6 +342,10 @@ const char *rpc_call_method(rpc_call *c) {
     return c->method;
 }
 
+const rpc_peer *rpc_call_peer(rpc_call *c) {
+    return &c->peer;
+}
+
 /* ------------------------------------------------------------------ completions (rpc thread) */
 
 static const method_entry *find_method(const rpc_server *s, const char *name) {
@@ -365,10 +371,31 @@ static void request_next(rpc_server *s) {
     s->pending = c;
 }
 
+/* The caller's address and, over TLS, its verified certificate's CN. */
+static void read_peer(rpc_call *c) {
+    char *p = grpc_call_get_peer(c->call);
+    snprintf(c->peer.addr, sizeof c->peer.addr, "%s", p ? p : "");
+    gpr_free(p);
+    grpc_auth_context *ctx = grpc_call_auth_context(c->call);
+    if (!ctx) return;
+    c->peer.authenticated = grpc_auth_context_peer_is_authenticated(ctx) != 0;
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_CN_PROPERTY_NAME);
+    const grpc_auth_property *prop = grpc_auth_property_iterator_next(&it);
+    if (prop && prop->value_length < sizeof c->peer.cn && !memchr(prop->value, 0, prop->value_length)) {
+        memcpy(c->peer.cn, prop->value, prop->value_length);
+        c->peer.cn[prop->value_length] = 0;
+    }
+    /* A second CN would make the identity ambiguous: refuse it. */
+    if (prop && grpc_auth_property_iterator_next(&it)) c->peer.cn[0] = 0;
+    if (!c->peer.cn[0]) c->peer.authenticated = false;
+    grpc_auth_context_release(ctx);
+}
+
 static void on_new(rpc_server *s, rpc_call *c) {
     char *m = grpc_slice_to_c_string(c->details.method);
     c->method = strdup(m ? m : "");
     gpr_free(m);
+    read_peer(c);
     c->m = find_method(s, c->method);
     pthread_mutex_lock(&s->mu);
     s->live++;
@@ -397,8 +424,12 @@ static void on_new(rpc_server *s, rpc_call *c) {
 }
 
 static void on_recv(rpc_server *s, rpc_call *c, int success) {
-    (void)s;
-    if (!c->m) {
+    if (s->tls && !c->peer.authenticated) {
+        ST_INFO("rpc: %s from %s: no client certificate: UNAUTHENTICATED", c->method, c->peer.addr);
+        server_finish(c, RPC_UNAUTHENTICATED,
+                      "%s: this server requires a client certificate issued by the cluster CA "
+                      "(docs/security.md)", c->method);
+    } else if (!c->m) {
         server_finish(c, RPC_UNIMPLEMENTED, "unknown method %s", c->method);
     } else if (!success || !c->recv) {
         server_finish(c, RPC_INVALID_ARGUMENT, "%s: no request message", c->method);
@@ -515,7 +546,23 @@ static void *server_thread(void *arg) {
 
 /* ------------------------------------------------------------------ server */
 
-rpc_server *rpc_server_create(const char *addr, st_err *err) {
+/* The server's credentials: plaintext, or mutual TLS with tls's files. */
+static grpc_server_credentials *server_creds(const rpc_tls *tls, st_err *err) {
+    if (!tls) return grpc_insecure_server_credentials_create();
+    rpc_tls_pem pem;
+    if (rpc_tls_load(tls, &pem, err) != 0) return NULL;
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = pem.key, .cert_chain = pem.cert};
+    /* Request a certificate and verify it when given, but let the handshake
+     * finish without one: the call then gets UNAUTHENTICATED from on_recv,
+     * which tells the client what is missing. */
+    grpc_server_credentials *c = grpc_ssl_server_credentials_create_ex(
+        pem.ca, &pair, 1, GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY, NULL);
+    rpc_tls_pem_free(&pem);
+    if (!c) st_errf(err, "rpc: gRPC refused the TLS credentials (%s, %s)", tls->cert, tls->key);
+    return c;
+}
+
+rpc_server *rpc_server_create(const char *addr, const rpc_tls *tls, st_err *err) {
     if (!addr || !*addr) {
         st_errf(err, "rpc: empty listen address");
         return NULL;
@@ -526,6 +573,13 @@ rpc_server *rpc_server_create(const char *addr, st_err *err) {
         return NULL;
     }
     grpc_init();
+    grpc_server_credentials *creds = server_creds(tls, err);
+    if (!creds) {
+        free(s);
+        grpc_shutdown();
+        return NULL;
+    }
+    s->tls = tls != NULL;
     pthread_mutex_init(&s->mu, NULL);
     atomic_init(&s->stopping, false);
     s->t_shutdown = (rpc_tag){TAG_SHUTDOWN, NULL};
@@ -537,7 +591,6 @@ rpc_server *rpc_server_create(const char *addr, st_err *err) {
     grpc_channel_args args = {.num_args = 1, .args = &a};
     s->server = grpc_server_create(&args, NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
     s->port = grpc_server_add_http2_port(s->server, addr, creds);
     grpc_server_credentials_release(creds);
     if (s->port == 0) {

@@ -1,6 +1,7 @@
 /* grpc_server.h — a generic gRPC server on gRPC's C core (libgrpc).
  *
- * It owns: one grpc_server listening on an insecure HTTP/2 port, one
+ * It owns: one grpc_server listening on an HTTP/2 port (plaintext, or mutual
+ * TLS with the files of grpc_tls.h), one
  * completion queue, and ONE thread (the "rpc thread", started by
  * rpc_server_start) that runs the completion-queue loop. It dispatches calls
  * by full method name ("/strata.v1.Control/Register") to handlers registered
@@ -23,6 +24,9 @@
  *     rpc_call_finish returns.
  *
  * Errors the server produces itself (the handler is not called):
+ *   UNAUTHENTICATED   with TLS: the client presented no certificate (one that
+ *                     the CA does not verify fails the TLS handshake itself,
+ *                     which the client sees as UNAVAILABLE);
  *   UNIMPLEMENTED     unknown method, with the method name;
  *   INVALID_ARGUMENT  no request message, or bytes that do not decode as the
  *                     method's request type (when it has a descriptor);
@@ -32,7 +36,7 @@
  * The client also enforces its own deadline (gRPC core), so a slow handler
  * yields DEADLINE_EXCEEDED at the client whatever it answers.
  *
- * Not covered: client streaming, TLS, compression, metadata, flow control of
+ * Not covered: client streaming, compression, metadata, flow control of
  * rpc_call_send (messages queue in memory until the transport takes them).
  * Errors: -1 / NULL with a one-line message in the caller's st_err.
  */
@@ -44,6 +48,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "rpc/grpc_tls.h"
 #include "rpc/rpc_code.h"
 
 struct ProtobufCMessageDescriptor;
@@ -82,8 +87,11 @@ typedef struct rpc_method {
 
 /* Creates a server bound to addr ("127.0.0.1:0", "0.0.0.0:7070", "[::]:0";
  * port 0 = ephemeral, see rpc_server_port). Nothing runs until
- * rpc_server_start. Fails when the address cannot be bound. */
-rpc_server *rpc_server_create(const char *addr, st_err *err);
+ * rpc_server_start. tls NULL: plaintext. tls given (all three files,
+ * rpc_tls_load checks them): mutual TLS; clients must present a certificate
+ * issued by tls->ca, and every call's rpc_call_peer names it. Fails when the
+ * address cannot be bound or a TLS file is wrong. */
+rpc_server *rpc_server_create(const char *addr, const rpc_tls *tls, st_err *err);
 
 /* Registers a method (before rpc_server_start). Fails on a duplicate name or
  * a missing handler. */
@@ -128,5 +136,17 @@ bool rpc_call_cancelled(rpc_call *c);
 double rpc_call_time_left(rpc_call *c);
 /* The full method name (valid while the handle is). */
 const char *rpc_call_method(rpc_call *c);
+
+/* Who is calling. With TLS every call that reaches a handler has
+ * authenticated = true and the verified client certificate's subject CN
+ * (the server answers UNAUTHENTICATED itself otherwise); on a plaintext
+ * server authenticated is false and cn "". */
+typedef struct rpc_peer {
+    bool authenticated;  /* a client certificate verified against the CA */
+    char cn[256];        /* its subject common name */
+    char addr[96];       /* gRPC's peer string, "ipv4:127.0.0.1:40522" (for logs) */
+} rpc_peer;
+/* Valid while the handle is. */
+const rpc_peer *rpc_call_peer(rpc_call *c);
 
 #endif

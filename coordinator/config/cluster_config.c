@@ -191,6 +191,13 @@ static int cluster_key(parser *p, const char *k, const char *v) {
         return parse_int(p, "cluster", k, v, 0, 1 << 10, &c->max_inflight);
     if (!strcmp(k, "recovery_timeout"))
         return parse_int(p, "cluster", k, v, 1, 86400, &c->recovery_timeout_s);
+    if (!strcmp(k, "grpc_ca") || !strcmp(k, "grpc_cert") || !strcmp(k, "grpc_key")) {
+        /* Mutual TLS of the gRPC control API (docs/security.md): live mode only. */
+        if (!p->live) return fail(p, p->line, "[cluster]: %s: the gRPC control API exists only in live mode (--live)", k);
+        if (!*v) return fail(p, p->line, "[cluster]: %s must not be empty", k);
+        return set_str(p, !strcmp(k, "grpc_ca") ? &c->grpc_ca : !strcmp(k, "grpc_cert") ? &c->grpc_cert : &c->grpc_key,
+                       v);
+    }
     if (!strcmp(k, "max_body_bytes")) {
         int bytes = 0; /* up to 1 GiB */
         if (!parse_int(p, "cluster", k, v, 1024, 1 << 30, &bytes)) return 0;
@@ -392,6 +399,9 @@ void coord_config_free(coord_config *cfg) {
     free(cfg->path);
     free(cfg->model);
     free(cfg->model_name);
+    free(cfg->grpc_ca);
+    free(cfg->grpc_cert);
+    free(cfg->grpc_key);
     free(cfg->stages);
     memset(cfg, 0, sizeof *cfg);
 }

@@ -49,6 +49,8 @@ typedef struct coord_config {
     int max_inflight;    /* micro-batches in flight; 0 = the number of stages */
     size_t max_body_bytes; /* HTTP request body limit (413 beyond); default 1 MiB */
     int recovery_timeout_s; /* live mode: requests held after a lost stage (docs/recovery.md); 0 = 60 */
+    char *grpc_ca, *grpc_cert, *grpc_key; /* live mode: mutual TLS of the gRPC control API (PEM paths;
+                                           * docs/security.md); NULL = not given */
     int partition[PLACE_MAX_STAGES]; /* `partition = 3,2` */
     int n_partition;     /* 0 = not given */
     coord_stage_cfg *stages; /* in pipeline order */

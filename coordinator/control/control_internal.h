@@ -9,6 +9,7 @@
  *   placement_rpc.c    GetPlacement / SetPlacement / AutoPlacement, Drain /
  *                      Undrain
  *   generate.c         the Generate stream
+ *   authz.c            who may call what (authz.h)
  * Not for use outside coordinator/control/. */
 #ifndef STRATA_COORDINATOR_CONTROL_INTERNAL_H
 #define STRATA_COORDINATOR_CONTROL_INTERNAL_H
@@ -82,6 +83,8 @@ struct ctl_service {
     gen_stream *streams;
     rpc_server *srv;
     rpc_loop *loop;
+    bool tls;                /* mutual TLS: calls are authorized (authz.h) */
+    struct ctl_guard *guards; /* the handler table's role checks */
     struct event *tick_ev, *switch_ev;
     double t0, retry_at;
     /* Recovery (docs/recovery.md): `lost` is the serving run that lost a

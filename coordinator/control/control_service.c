@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "coordinator/control/authz.h"
 #include "coordinator/control/control_internal.h"
 #include "coordinator/control/state_file.h"
 #include "model/gguf.h"
@@ -258,6 +259,7 @@ static bool is_hex64(const char *h) {
 static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_service *s = ud;
     const Strata__V1__RegisterRequest *r = (const void *)req->msg;
+    if (!ctl_authorize(s->tls, c, CTL_ROLE_NODE, r->node)) return;
     const Strata__V1__ModelFile *mine = NULL;
     for (size_t i = 0; i < r->n_models; i++) {
         if (!is_hex64(r->models[i]->sha256)) {
@@ -278,10 +280,14 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
         return;
     }
     if (strcmp(mine->sha256, s->model_sha)) {
+        /* The cluster's hash stays in the coordinator's log: a caller learns
+         * only that its own file differs (issue 14). */
+        ST_WARN("control: Register of %s refused: its %s has sha256 %.16s..., the cluster's is %.16s...", r->node,
+                mine->name, mine->sha256, s->model_sha);
         rpc_call_finishf(c, RPC_FAILED_PRECONDITION,
-                         "Register: node %s: model %s has sha256 %.16s..., the cluster's is %.16s... "
-                         "(a different file)",
-                         r->node, mine->name, mine->sha256, s->model_sha);
+                         "Register: node %s: model %s has sha256 %.16s..., which is a different file from the "
+                         "cluster's model",
+                         r->node, mine->name, mine->sha256);
         return;
     }
     reg_info in = {.name = r->node,
@@ -312,6 +318,7 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
 static void h_heartbeat(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_service *s = ud;
     const Strata__V1__HeartbeatRequest *r = (const void *)req->msg;
+    if (!ctl_authorize(s->tls, c, CTL_ROLE_NODE, r->node)) return;
     reg_load l = {r->running_sequences, r->kv_blocks_used, r->kv_blocks_free, r->busy_fraction, r->bytes_sent};
     Strata__V1__HeartbeatReply out = STRATA__V1__HEARTBEAT_REPLY__INIT;
     out.reregister = registry_heartbeat(&s->reg, r->node, r->lease_id, &l, st_now_s()) != 0;
@@ -388,6 +395,19 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
     free(infos), free(ptrs), free(devs), free(devp);
 }
 
+/* ---------------------------------------------------------------- authorization */
+
+/* An operator call: its handler, behind the role check. */
+struct ctl_guard {
+    ctl_service *s;
+    rpc_handler_fn fn;
+};
+
+static void h_operator(rpc_call *c, const rpc_request *req, void *ud) {
+    struct ctl_guard *g = ud;
+    if (ctl_authorize(g->s->tls, c, CTL_ROLE_OPERATOR, NULL)) g->fn(c, req, g->s);
+}
+
 /* ---------------------------------------------------------------- lifetime */
 
 ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err) {
@@ -421,22 +441,48 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
         st_errf(err, "control: cannot create events");
         goto fail;
     }
-    if (!(s->srv = rpc_server_create(o->grpc_listen, err)) || !(s->loop = rpc_loop_create(base, err)))
+    rpc_tls tls = {o->grpc_ca, o->grpc_cert, o->grpc_key};
+    int tls_given = rpc_tls_given(&tls, "--grpc-", err);
+    if (tls_given < 0) goto fail;
+    s->tls = tls_given == 1;
+    if (!(s->srv = rpc_server_create(o->grpc_listen, s->tls ? &tls : NULL, err)) ||
+        !(s->loop = rpc_loop_create(base, err)))
         goto fail;
-    const rpc_method methods[] = {
-        {SVC "Register", RPC_KIND_UNARY, h_register, s, &strata__v1__register_request__descriptor},
-        {SVC "Heartbeat", RPC_KIND_UNARY, h_heartbeat, s, &strata__v1__heartbeat_request__descriptor},
-        {SVC "GetStatus", RPC_KIND_UNARY, h_status, s, &strata__v1__get_status_request__descriptor},
-        {SVC "ListNodes", RPC_KIND_UNARY, h_list_nodes, s, &strata__v1__list_nodes_request__descriptor},
-        {SVC "GetPlacement", RPC_KIND_UNARY, ctl_h_get_placement, s, &strata__v1__get_placement_request__descriptor},
-        {SVC "SetPlacement", RPC_KIND_UNARY, ctl_h_set_placement, s, &strata__v1__set_placement_request__descriptor},
-        {SVC "AutoPlacement", RPC_KIND_UNARY, ctl_h_auto_placement, s, &strata__v1__auto_placement_request__descriptor},
-        {SVC "Drain", RPC_KIND_UNARY, ctl_h_drain, s, &strata__v1__drain_request__descriptor},
-        {SVC "Undrain", RPC_KIND_UNARY, ctl_h_undrain, s, &strata__v1__drain_request__descriptor},
-        {SVC "Generate", RPC_KIND_SERVER_STREAM, ctl_h_generate, s, &strata__v1__generate_request__descriptor},
+    /* Register and Heartbeat check the node name themselves (authz.h); every
+     * other call is an operator's, checked by h_operator before its handler. */
+    static const struct {
+        const char *name;
+        rpc_kind kind;
+        rpc_handler_fn fn;
+        bool operator_only;
+        const ProtobufCMessageDescriptor *req;
+    } methods[] = {
+        {SVC "Register", RPC_KIND_UNARY, h_register, false, &strata__v1__register_request__descriptor},
+        {SVC "Heartbeat", RPC_KIND_UNARY, h_heartbeat, false, &strata__v1__heartbeat_request__descriptor},
+        {SVC "GetStatus", RPC_KIND_UNARY, h_status, true, &strata__v1__get_status_request__descriptor},
+        {SVC "ListNodes", RPC_KIND_UNARY, h_list_nodes, true, &strata__v1__list_nodes_request__descriptor},
+        {SVC "GetPlacement", RPC_KIND_UNARY, ctl_h_get_placement, true, &strata__v1__get_placement_request__descriptor},
+        {SVC "SetPlacement", RPC_KIND_UNARY, ctl_h_set_placement, true, &strata__v1__set_placement_request__descriptor},
+        {SVC "AutoPlacement", RPC_KIND_UNARY, ctl_h_auto_placement, true,
+         &strata__v1__auto_placement_request__descriptor},
+        {SVC "Drain", RPC_KIND_UNARY, ctl_h_drain, true, &strata__v1__drain_request__descriptor},
+        {SVC "Undrain", RPC_KIND_UNARY, ctl_h_undrain, true, &strata__v1__drain_request__descriptor},
+        {SVC "Generate", RPC_KIND_SERVER_STREAM, ctl_h_generate, true, &strata__v1__generate_request__descriptor},
     };
-    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-        if (rpc_loop_add_method(s->loop, s->srv, &methods[i], err) != 0) goto fail;
+    size_t n_methods = sizeof methods / sizeof methods[0];
+    if (!(s->guards = calloc(n_methods, sizeof *s->guards))) {
+        st_errf(err, "control: out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < n_methods; i++) {
+        s->guards[i] = (struct ctl_guard){s, methods[i].fn};
+        rpc_method m = {methods[i].name, methods[i].kind, methods[i].fn, s, methods[i].req};
+        if (methods[i].operator_only) {
+            m.handler = h_operator;
+            m.ud = &s->guards[i];
+        }
+        if (rpc_loop_add_method(s->loop, s->srv, &m, err) != 0) goto fail;
+    }
     if (rpc_server_start(s->srv, err) != 0) goto fail;
     event_active(s->tick_ev, 0, 0);
     return s;
@@ -469,5 +515,6 @@ void ctl_destroy(ctl_service *s) {
     if (s->tick_ev) event_free(s->tick_ev);
     if (s->switch_ev) event_free(s->switch_ev);
     registry_free(&s->reg);
+    free(s->guards);
     free(s);
 }

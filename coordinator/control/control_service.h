@@ -23,6 +23,8 @@
  * it (re-prefill). With no placement possible, the requests fail after
  * recovery_timeout_s; serving resumes whenever a placement becomes possible.
  *
+ * Who may call what (mutual TLS): authz.h.
+ *
  * Start-up: with a state file holding a placement, the coordinator waits for
  * that placement's nodes to register and serves it under the same epoch;
  * without one, it places automatically once min_workers usable nodes have
@@ -47,6 +49,11 @@ typedef struct ctl_opts {
     const tok_vocab *vocab;     /* must outlive */
     int n_ctx;
     const char *grpc_listen;    /* "127.0.0.1:7070" */
+    /* Mutual TLS on the gRPC listener (docs/security.md): the cluster CA, the
+     * coordinator's certificate and key (PEM paths). All three or none (NULL:
+     * plaintext, which only loopback or --insecure allow: common/exposure.h,
+     * checked by the caller). */
+    const char *grpc_ca, *grpc_cert, *grpc_key;
     const char *state_path;     /* state file */
     uint32_t heartbeat_ms;      /* default 1000 */
     uint32_t suspect_missed;    /* default 3 */

@@ -536,7 +536,7 @@ int main(int argc, char **argv) {
     fx.t0 = now_s();
     fx.base = event_base_new();
     st_err err;
-    rpc_server *srv = rpc_server_create(listen, &err);
+    rpc_server *srv = rpc_server_create(listen, NULL, &err);
     if (!srv) {
         fprintf(stderr, "ctl_test_server: %s\n", err.msg);
         event_base_free(fx.base);

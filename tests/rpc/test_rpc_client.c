@@ -189,7 +189,7 @@ int main(int argc, char **argv) {
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     st_err err;
-    rpc_client *c = rpc_client_create(addr, &err);
+    rpc_client *c = rpc_client_create(addr, NULL, &err);
     REQUIRE(c != NULL);
 
     /* 1. Unary round trips with real messages. */
@@ -400,7 +400,7 @@ int main(int argc, char **argv) {
     CHECK(do_register(c, "node-c", 1) != 0);
 
     /* 6. Unavailable: nothing listens on port 1. */
-    rpc_client *dead = rpc_client_create("127.0.0.1:1", &err);
+    rpc_client *dead = rpc_client_create("127.0.0.1:1", NULL, &err);
     REQUIRE(dead != NULL);
     t0 = now_s();
     rc = rpc_client_unary(dead, SVC "GetStatus", "", 0, 5.0, &rep, &rlen, &st);
