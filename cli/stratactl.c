@@ -262,6 +262,16 @@ static int cmd_status(rpc_client *c, const opts *o) {
     } else {
         printf("%-16s %s (%u layers)\n", "model", r->model, r->n_layers);
         printf("%-16s %s\n", "serving", r->serving ? "yes" : "no");
+        if (r->recovery) {
+            const Strata__V1__RecoveryStatus *v = r->recovery;
+            printf("%-16s %s", "recovery", v->state);
+            if (v->loading_epoch) printf(" (epoch %llu loading)", (unsigned long long)v->loading_epoch);
+            printf(": stage %u of epoch %llu lost on node %s %.1f s ago; %u sequence(s) held "
+                   "(recovery_timeout %.0f s)\n",
+                   v->lost_stage, (unsigned long long)v->lost_epoch, v->lost_node, v->since_s,
+                   v->held_sequences, v->timeout_s);
+            printf("%-16s %s\n", "lost because", v->reason);
+        }
         printf("%-16s %llu (%u stages)\n", "placement epoch",
                (unsigned long long)r->placement_epoch, r->n_stages);
         printf("%-16s %u ready / %u total\n", "nodes", r->nodes_ready, r->nodes_total);

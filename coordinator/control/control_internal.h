@@ -94,6 +94,8 @@ struct ctl_service {
     bool recovery_expired;   /* recovery_timeout passed: the held requests failed */
     bool recovery_stuck_logged;
     char lost_msg[ST_ERR_MSG_MAX];
+    char lost_name[REG_NAME_MAX]; /* the node and stage of the loss (GetStatus) */
+    int lost_stage;
     lost_node excl[PLACE_NODE_MAX];
     int n_excl;
     uint64_t recoveries, seqs_resumed, tokens_recomputed;

@@ -346,6 +346,20 @@ static void h_status(rpc_call *c, const rpc_request *req, void *ud) {
     out.running_sequences = (uint32_t)running;
     out.uptime_s = st_now_s() - s->t0;
     out.serving = s->cur && cluster_is_ready(s->cur->cl);
+    Strata__V1__RecoveryStatus rec = STRATA__V1__RECOVERY_STATUS__INIT;
+    char ids[8];
+    if (s->lost) {
+        rec.state = s->recovery_expired ? "expired" : s->pend ? "loading" : "placing";
+        rec.lost_node = s->lost_name;
+        rec.lost_stage = s->lost_stage >= 0 ? (uint32_t)s->lost_stage : 0;
+        rec.lost_epoch = s->lost->pl.epoch;
+        rec.since_s = st_now_s() - s->lost_at;
+        rec.held_sequences = (uint32_t)ctl_held_ids(s, s->lost, ids, sizeof ids);
+        rec.reason = s->lost_msg;
+        rec.loading_epoch = s->pend ? s->pend->pl.epoch : 0;
+        rec.timeout_s = s->o.recovery_timeout_s;
+        out.recovery = &rec;
+    }
     ctl_reply(c, &out.base);
 }
 

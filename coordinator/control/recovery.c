@@ -61,6 +61,8 @@ void ctl_run_on_lost(void *ud, int stage, const char *msg) {
         s->retry_at = 0;
     }
     snprintf(s->lost_msg, sizeof s->lost_msg, "%s", msg);
+    snprintf(s->lost_name, sizeof s->lost_name, "%s", node);
+    s->lost_stage = stage;
     ST_ERROR("control: recovery: epoch %" PRIu64 " lost stage %d on node %s: %s; holding %d request(s) [%s] "
              "for up to %.0f s while it is re-placed",
              r->pl.epoch, stage, node, msg, n, ids, s->o.recovery_timeout_s);

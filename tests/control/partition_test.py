@@ -22,12 +22,14 @@ new requests are still exact, and it can be re-used deliberately: a
 SetPlacement of the original split loads it again as a new epoch and serves
 the no-failure tokens.
 
-Exits 77 (ctest skip) without root / CAP_NET_ADMIN, `ip netns` or nft. Every
+Exits 77 (ctest skip) without root / CAP_NET_ADMIN, `ip netns` or nft. While the
+requests are held, GetStatus and `stratactl status` show the recovery in
+progress (state, lost node and stage, since when, sequences held). Every
 process is stopped by pid and every namespace, veth and the bridge removed,
 also on failure paths.
 
-  partition_test.py MODE --coordinator BIN --worker BIN --proto control.proto
-                    --shared DIR --workdir DIR
+  partition_test.py MODE --coordinator BIN --worker BIN --stratactl BIN
+                    --proto control.proto --shared DIR --workdir DIR
 """
 import argparse
 import json
@@ -188,6 +190,18 @@ def run(args, mode, cl):
         check(wait_for(lambda: "cannot re-place yet" in cl.log(), 10, 0.05),
               "%s: no capacity without %s: the requests are held" % (mode, victim))
         check(http_get(cl.http_port, "/health")[0] == 503, "%s: /health 503 while nothing serves" % mode)
+        rec = cl.stub.GetStatus(pb.GetStatusRequest(), timeout=5).recovery
+        print("GetStatus.recovery: %s" % str(rec).replace("\n", "; "))
+        check(rec.state == "placing" and rec.lost_node == victim and rec.lost_stage == 0 and
+              rec.lost_epoch == pl0.epoch and rec.held_sequences == N_STREAMS and rec.since_s > 0 and
+              "hung" in rec.reason and rec.timeout_s == 60,
+              "%s: GetStatus shows the recovery in progress (placing, %s, stage 0, %d held)" % (mode, victim, N_STREAMS))
+        p = subprocess.run([args.stratactl, "--addr", cl.grpc_addr, "status"], capture_output=True, text=True,
+                           timeout=30, env=cl.env)
+        print(p.stdout)
+        check(p.returncode == 0 and re.search(r"recovery +placing: stage 0 of epoch %d lost on node %s [0-9.]+ s ago; "
+                                              r"%d sequence\(s\) held" % (pl0.epoch, victim, N_STREAMS), p.stdout),
+              "%s: stratactl status shows the recovery in progress" % mode)
 
         # Heal while the old epoch is held: the batch that was cut off
         # (queued in TCP) goes through the returning worker and stage 1 and
@@ -245,7 +259,7 @@ def run(args, mode, cl):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["down", "drop"])
-    for a in ("coordinator", "worker", "proto", "shared", "workdir"):
+    for a in ("coordinator", "worker", "stratactl", "proto", "shared", "workdir"):
         ap.add_argument("--" + a, required=True)
     args = ap.parse_args()
     why = netns_unavailable()
