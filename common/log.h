@@ -1,17 +1,23 @@
 /* log.h — leveled logging to stderr or, under systemd, to journald.
  *
  * The level comes from STRATA_LOG (error, warn, info, debug; default info) or
- * st_log_set_level(). Lines below the level are dropped before formatting.
+ * st_log_set_level() (the daemons' --log-level). Lines below the level are
+ * dropped before formatting.
  *
- * stderr lines look like
- *   "2026-11-30T07:00:00.123Z I [tag] message"
- *   "2026-11-30T07:00:00.123Z I [tag] req=cmpl-42 message"   (st_log_req)
- * and each is written with one fwrite, so threads do not interleave.
+ * stderr lines are logfmt: key=value pairs, values quoted ("...", with \" \\
+ * \n \t \r \xNN escapes) when they hold a space, '=', '"', '\' or a control
+ * byte:
+ *   ts=2026-11-30T07:00:00.123Z level=info tag=strata-coordinator msg="listening"
+ *   ts=... level=info tag=strata-worker node=node-b req=cmpl-42 msg="seq starts" stage=1
+ * ts (UTC, ms), level, tag, node (when set), req (st_log_req / st_log_kv with
+ * an id), msg, then the record's own fields (st_log_kv). Each line is written
+ * with one fwrite, so threads do not interleave.
  *
  * Journald: when stderr is the journal (systemd sets $JOURNAL_STREAM to the
  * "device:inode" of that stream, see systemd.exec(5)) or STRATA_LOG_JOURNAL=1,
  * each record goes through sd_journal_sendv() with the fields
- *   MESSAGE=, PRIORITY= (syslog: 3 error, 4 warning, 6 info, 7 debug),
+ *   MESSAGE= (the message, then st_log_kv's fields),
+ *   PRIORITY= (syslog: 3 error, 4 warning, 6 info, 7 debug),
  *   SYSLOG_IDENTIFIER= (the tag), STRATA_NODE=, STRATA_STAGE= (when set),
  *   STRATA_REQUEST_ID= (st_log_req)
  * so `journalctl STRATA_REQUEST_ID=cmpl-42` follows one request across nodes.
@@ -38,6 +44,9 @@ enum st_log_sink {
 };
 
 void st_log_set_level(enum st_log_level level);
+/* "error", "warn" (or "warning"), "info", "debug", any case -> *out; 0, or
+ * -1 for anything else (NULL included). For --log-level and STRATA_LOG. */
+int st_log_parse_level(const char *s, enum st_log_level *out);
 enum st_log_level st_log_get_level(void);
 /* True when a record at `level` would be written. */
 bool st_log_enabled(enum st_log_level level);
@@ -59,6 +68,18 @@ void st_log(enum st_log_level level, const char *fmt, ...) __attribute__((format
 void st_log_req(enum st_log_level level, const char *request_id, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A structured record: msg (a short fixed text: "access", "finished") and
+ * fields_fmt, printf-formatted into "key=value key=value" and appended as is
+ * (quote free-form values with st_log_quote). request_id as st_log_req. */
+void st_log_kv(enum st_log_level level, const char *request_id, const char *msg,
+               const char *fields_fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Writes value as a logfmt value into buf (NUL-terminated, cut to fit):
+ * as is when it needs no quotes, else "..." with escapes. Returns the length. */
+size_t st_log_quote(char *buf, size_t size, const char *value);
+/* True when value ("" and NULL included) must be quoted. */
+bool st_log_needs_quotes(const char *value);
+
 #define ST_ERROR(...) st_log(ST_LOG_ERROR, __VA_ARGS__)
 #define ST_WARN(...) st_log(ST_LOG_WARN, __VA_ARGS__)
 #define ST_INFO(...) st_log(ST_LOG_INFO, __VA_ARGS__)
@@ -70,11 +91,12 @@ void st_log_req(enum st_log_level level, const char *request_id, const char *fmt
 
 /* ---- exposed for tests -------------------------------------------------- */
 
-/* Formats one stderr line, '\n' included, NUL-terminated; long messages are
- * cut to fit. Returns the length (< size). */
+/* Formats one stderr line, '\n' included, NUL-terminated; long lines are
+ * cut to fit. node, request_id and fields may be NULL or "" (left out);
+ * fields is appended as is. Returns the length (< size). */
 size_t st_log_format_line(char *buf, size_t size, const struct timespec *ts,
-                          enum st_log_level level, const char *tag, const char *request_id,
-                          const char *msg);
+                          enum st_log_level level, const char *tag, const char *node,
+                          const char *request_id, const char *msg, const char *fields);
 
 #define ST_LOG_MAX_FIELDS 6
 

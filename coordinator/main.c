@@ -64,6 +64,7 @@ static void usage(FILE *f) {
             "  --shutdown-grace S  on SIGTERM, completions in progress get this long to finish (30;\n"
             "                      keep it below the unit's TimeoutStopSec=; docs/deployment.md)\n"
             "  --version           print the version, git commit and build type\n"
+            "  --log-level L       error, warn, info (default; or $STRATA_LOG) or debug\n"
             "live mode (workers register; docs/control-api.md):\n"
             "  --live              the config lists no stages; placement is automatic / via gRPC\n"
             "  --grpc-listen H:P   gRPC control API address (127.0.0.1:7070)\n"
@@ -121,6 +122,7 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                                           {"recovery-timeout", required_argument, NULL, 'R'},
                                           {"shutdown-grace", required_argument, NULL, 'G'},
                                           {"version", no_argument, NULL, 'V'},
+                                          {"log-level", required_argument, NULL, 'Y'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int c;
@@ -159,6 +161,17 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
             break;
         }
         case 'V': st_version_print(stdout, "strata-coordinator"); return 0;
+        case 'Y': {
+            enum st_log_level level;
+            if (st_log_parse_level(optarg, &level) != 0) {
+                fprintf(stderr,
+                        "strata-coordinator: --log-level: '%s' is not error, warn, info or debug\n",
+                        optarg);
+                return 2;
+            }
+            st_log_set_level(level);
+            break;
+        }
         case 'L': o->live = true; break;
         case 'g': o->grpc_listen = optarg; break;
         case 'A': o->grpc_ca = optarg; break;
@@ -306,7 +319,7 @@ static int start_engine(struct event_base *base, const coord_opts *o, coord_conf
 
 /* Everything after the command line; returns the exit status. */
 static int run(const coord_opts *o) {
-    st_log_set_tag("coordinator");
+    st_log_set_tag("strata-coordinator"); /* SYSLOG_IDENTIFIER (docs/logging.md) */
     char node[256] = "";
     if (gethostname(node, sizeof node - 1) == 0) st_log_set_node(node); /* STRATA_NODE */
     st_err err = {{0}};

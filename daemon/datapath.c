@@ -126,8 +126,16 @@ static void batch_error(wstage *w, const struct job *j, const char *msg)
 {
     const frame_header *h = j->hdr;
     w->front->batch_errors++;
-    ST_WARN("worker: batch %llu (epoch %llu) failed: %s", (unsigned long long)h->batch_id,
-            (unsigned long long)h->epoch, msg);
+    /* seqs= maps the batch to its requests (their "seq starts" lines carry req=). */
+    char seqs[256] = "", quoted[600];
+    size_t n = 0;
+    for (size_t i = 0; i < h->n_seqs && n + 24 < sizeof seqs; i++)
+        n += (size_t)snprintf(seqs + n, sizeof seqs - n, "%s%llu", i ? "," : "",
+                              (unsigned long long)h->seqs[i]->seq_id);
+    st_log_quote(quoted, sizeof quoted, msg);
+    st_log_kv(ST_LOG_WARN, NULL, "batch failed", "stage=%u batch=%llu epoch=%llu seqs=%s error=%s",
+              w->cur.stage, (unsigned long long)h->batch_id, (unsigned long long)h->epoch,
+              seqs[0] ? seqs : "\"\"", quoted);
     if (w->shutting_down) return;
     if (!w->coord) {
         ST_WARN("worker: no coordinator connected; BatchError for batch %llu not sent",
@@ -305,11 +313,19 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
      * request and stage, so `journalctl STRATA_REQUEST_ID=...` follows it. */
     for (size_t i = 0; i < h->n_seqs; i++)
         if (h->seqs[i]->request_id && h->seqs[i]->request_id[0])
-            ST_REQ_INFO(h->seqs[i]->request_id, "worker: stage %u: seq %llu starts (batch %llu, %d prompt tokens in this slice)",
-                        h->stage, (unsigned long long)h->seqs[i]->seq_id, (unsigned long long)h->batch_id,
-                        (int)h->seqs[i]->n_tokens);
-    ST_DEBUG("worker: batch %llu: %zu seqs, %lld tokens queued", (unsigned long long)h->batch_id, h->n_seqs,
-             (long long)T);
+            st_log_kv(ST_LOG_INFO, h->seqs[i]->request_id, "seq starts", "stage=%u seq=%llu batch=%llu tokens=%d",
+                      h->stage, (unsigned long long)h->seqs[i]->seq_id, (unsigned long long)h->batch_id,
+                      (int)h->seqs[i]->n_tokens);
+    if (st_log_enabled(ST_LOG_DEBUG)) {
+        /* The batch's sequences: each maps to a request id by its "seq starts" line. */
+        char seqs[256] = "";
+        size_t n = 0;
+        for (size_t i = 0; i < h->n_seqs && n + 24 < sizeof seqs; i++)
+            n += (size_t)snprintf(seqs + n, sizeof seqs - n, "%s%llu", i ? "," : "",
+                                  (unsigned long long)h->seqs[i]->seq_id);
+        st_log_kv(ST_LOG_DEBUG, NULL, "batch queued", "stage=%u batch=%llu seqs=%s tokens=%lld", h->stage,
+                  (unsigned long long)h->batch_id, seqs[0] ? seqs : "\"\"", (long long)T);
+    }
     if (run_here(w, T) && compute_run_inline(w->cq, &j->cj)) {
         datapath_forward_finished(w, &j->cj);
         return;

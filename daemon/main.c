@@ -156,13 +156,12 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
             o->threads = (int)v;
             break;
         }
-        case 'v':
-            if (!strcmp(optarg, "error")) st_log_set_level(ST_LOG_ERROR);
-            else if (!strcmp(optarg, "warn")) st_log_set_level(ST_LOG_WARN);
-            else if (!strcmp(optarg, "info")) st_log_set_level(ST_LOG_INFO);
-            else if (!strcmp(optarg, "debug")) st_log_set_level(ST_LOG_DEBUG);
-            else return bad("--log-level '%s' is not error, warn, info or debug", optarg);
+        case 'v': {
+            enum st_log_level level;
+            if (st_log_parse_level(optarg, &level)) return bad("--log-level '%s' is not error, warn, info or debug", optarg);
+            st_log_set_level(level);
             break;
+        }
         case 'C': o->coordinator = optarg; break;
         case 'A': o->grpc_ca = optarg; break;
         case 'E': o->grpc_cert = optarg; break;
@@ -263,8 +262,10 @@ static int start_live(const struct worker_cli *o, struct event_base *base, struc
  * 0, or 1 when it could not start (one line printed). */
 static int run(const struct worker_cli *o)
 {
-    if (o->name) st_log_set_tag(o->name);
-    st_log_set_node(o->name ? o->name : o->listen); /* STRATA_NODE (docs/logging.md) */
+    /* SYSLOG_IDENTIFIER is the program; the node name goes in STRATA_NODE
+     * (and node= on stderr lines), docs/logging.md. */
+    st_log_set_tag("strata-worker");
+    st_log_set_node(o->name ? o->name : o->listen);
 
     signal(SIGPIPE, SIG_IGN);
     struct event_base *base = event_base_new();

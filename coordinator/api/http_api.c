@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "coordinator/api/access_log.h"
 #include "coordinator/api/completions.h"
 #include "coordinator/api/metrics_coord.h"
 #include "coordinator/api/probes.h"
@@ -45,6 +46,8 @@ struct http_api {
     int chat_format;         /* enum chat_format of the model's template */
     size_t max_body;         /* 413 above this (OpenAI-shaped) */
     coord_metrics *metrics;  /* GET /metrics; NULL when it could not be created */
+    http_access_log *access; /* access-log lines and request counters (access_log.h) */
+    http_access *cur_access; /* the record of the request being routed (on_request) */
     uint64_t salt, seq;
     call *calls; /* completions in progress */
     int n_active;
@@ -67,6 +70,7 @@ struct call {
     http_api *api;
     struct evhttp_request *req;
     struct evhttp_connection *evcon;
+    http_access *acc; /* its access-log record (held until call_done) */
     compl_request params;
     compl_output *outs;  /* one per choice, index order */
     choice *ch;
@@ -95,7 +99,7 @@ static const char *reason_phrase(int status) {
 
 static void reply_typed(http_api *api, struct evhttp_request *req, int status, const char *ctype,
                         const char *body, size_t len) {
-    coord_metrics_request(api->metrics, status);
+    (void)api;
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Content-Type", ctype);
     struct evbuffer *b = evbuffer_new();
@@ -105,7 +109,7 @@ static void reply_typed(http_api *api, struct evhttp_request *req, int status, c
 }
 
 static void reply_json(http_api *api, struct evhttp_request *req, int status, const char *json) {
-    coord_metrics_request(api->metrics, status);
+    (void)api;
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Content-Type", "application/json");
     struct evbuffer *b = evbuffer_new();
@@ -178,6 +182,8 @@ static void call_done(call *c) {
     if (c->watch) event_free(c->watch);
     c->watch = NULL;
     if (c->evcon) evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+    http_access_release(c->acc); /* re-arms its own close watch while the answer is written */
+    c->acc = NULL;
     call_unlink(c);
     call_free(c);
 }
@@ -186,6 +192,7 @@ static void send_sse(call *c, const char *data) {
     struct evbuffer *b = evbuffer_new();
     if (!b) return;
     evbuffer_add_printf(b, "data: %s\n\n", data);
+    http_access_add_bytes(c->acc, evbuffer_get_length(b));
     evhttp_send_reply_chunk(c->req, b);
     evbuffer_free(b);
 }
@@ -193,9 +200,10 @@ static void send_sse(call *c, const char *data) {
 /* Answers the request once every choice finished, and frees the call. */
 static void call_complete(call *c) {
     double now = st_now_s();
-    ST_REQ_INFO(c->rid, "http: finished (%s): %d choice%s, %d prompt + %d completion tokens, TTFT %.3f s, %.3f s in all",
-                c->ch[0].finish, c->n_ch, c->n_ch == 1 ? "" : "s", call_prompt_tokens(c),
-                call_completion_tokens(c), c->n_tokens ? c->t_first - c->t0 : -1.0, now - c->t0);
+    st_log_kv(ST_LOG_INFO, c->rid, "finished",
+              "finish=%s choices=%d prompt_tokens=%d completion_tokens=%d ttft_s=%.3f e2e_s=%.3f",
+              c->ch[0].finish, c->n_ch, call_prompt_tokens(c), call_completion_tokens(c),
+              c->n_tokens ? c->t_first - c->t0 : -1.0, now - c->t0);
     if (c->stream) {
         if (c->params.include_usage) {
             char *j = compl_output_usage_chunk(c->outs, c->n_ch, &c->meta);
@@ -328,6 +336,7 @@ static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish};
 static void on_conn_close(struct evhttp_connection *evcon, void *arg) {
     call *c = arg;
     ST_REQ_INFO(c->rid, "http: client closed the connection; cancelling %s", c->meta.id);
+    http_access_aborted(c->acc); /* before the request can be freed */
     call_cancel_open(c);
     /* On a failed write or read, evhttp detaches a request that is still
      * being answered from the connection and leaves it to us (libevent 2.1
@@ -391,6 +400,8 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     snprintf(c->rid, sizeof c->rid, "%s", request_id_valid(xrid) ? xrid : c->meta.id);
     if (!request_id_valid(xrid))
         evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", c->rid);
+    c->acc = api->cur_access;
+    http_access_set_id(c->acc, c->rid);
     compl_limits lim = {api->n_ctx, api->model_name, api->chat_format, &api->tokenizer};
     int prc = chat ? compl_parse_chat(body ? body : "", len, &lim, &c->params, &e)
                    : compl_parse(body ? body : "", len, &lim, &c->params, &e);
@@ -462,6 +473,7 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
         call_free(c);
         return;
     }
+    http_access_hold(c->acc);
     c->next = api->calls;
     if (api->calls) api->calls->prev = c;
     api->calls = c;
@@ -476,16 +488,16 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
             if (c->watch) event_add(c->watch, NULL);
         }
     }
-    ST_REQ_INFO(c->rid, "http: %s accepted: %d choice%s, %zu prompt bytes, max_tokens %d%s%s%s",
-                chat ? "chat" : "completion", c->n_ch, c->n_ch == 1 ? "" : "s",
-                c->params.prompts[0].len, c->params.max_tokens,
-                c->stream ? ", stream" : "", c->params.user ? ", user " : "",
-                c->params.user ? c->params.user : "");
+    char user[160] = "";
+    if (c->params.user) st_log_quote(user, sizeof user, c->params.user);
+    st_log_kv(ST_LOG_INFO, c->rid, "accepted",
+              "kind=%s choices=%d prompt_bytes=%zu max_tokens=%d stream=%d%s%s",
+              chat ? "chat" : "completion", c->n_ch, c->params.prompts[0].len,
+              c->params.max_tokens, c->stream ? 1 : 0, c->params.user ? " user=" : "", user);
     if (c->stream) {
         struct evkeyvalq *h = evhttp_request_get_output_headers(req);
         evhttp_add_header(h, "Content-Type", "text/event-stream");
         evhttp_add_header(h, "Cache-Control", "no-cache");
-        coord_metrics_request(api->metrics, 200);
         evhttp_send_reply_start(req, 200, "OK");
         for (int i = 0; chat && i < c->n_ch; i++) {
             char *j = compl_output_role_chunk(&c->outs[i], &c->meta);
@@ -580,29 +592,24 @@ static void handle_models(http_api *api, struct evhttp_request *req) {
     free(s);
 }
 
-static const char *method_name(enum evhttp_cmd_type m) {
-    switch (m) {
-    case EVHTTP_REQ_GET: return "GET";
-    case EVHTTP_REQ_POST: return "POST";
-    case EVHTTP_REQ_HEAD: return "HEAD";
-    case EVHTTP_REQ_PUT: return "PUT";
-    case EVHTTP_REQ_DELETE: return "DELETE";
-    case EVHTTP_REQ_OPTIONS: return "OPTIONS";
-    case EVHTTP_REQ_PATCH: return "PATCH";
-    default: return "?";
-    }
-}
-
 static void on_request(struct evhttp_request *req, void *arg) {
     http_api *api = arg;
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
     if (!path) path = "";
+    /* Logged and counted when the answer is complete (access_log.h). */
+    api->cur_access = http_access_start(api->access, req);
     const char *xrid = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Id");
-    if (request_id_valid(xrid)) evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", xrid);
+    if (request_id_valid(xrid)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", xrid);
+        http_access_set_id(api->cur_access, xrid);
+    }
     probes_state ps = {api->engine, api->model_name, api->draining, api->retry_after_s};
-    if (probes_handle(req, path, &ps)) return;
+    if (probes_handle(req, path, &ps)) {
+        api->cur_access = NULL;
+        return;
+    }
     struct route {
         const char *path;
         enum evhttp_cmd_type method;
@@ -621,19 +628,22 @@ static void on_request(struct evhttp_request *req, void *arg) {
         if (strcmp(path, routes[i].path) != 0) continue;
         if (m != routes[i].method) {
             char msg[160];
-            snprintf(msg, sizeof msg, "%s %s is not allowed; use %s", method_name(m), path,
-                     method_name(routes[i].method));
+            snprintf(msg, sizeof msg, "%s %s is not allowed; use %s", http_method_name(m), path,
+                     http_method_name(routes[i].method));
             evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
-                              method_name(routes[i].method));
+                              http_method_name(routes[i].method));
             reply_simple_error(api, req, 405, "invalid_request_error", "method_not_allowed", msg);
+            api->cur_access = NULL;
             return;
         }
         routes[i].fn(api, req);
+        api->cur_access = NULL;
         return;
     }
     char msg[300];
-    snprintf(msg, sizeof msg, "Unknown route: %s %.200s", method_name(m), path);
+    snprintf(msg, sizeof msg, "Unknown route: %s %.200s", http_method_name(m), path);
     reply_simple_error(api, req, 404, "invalid_request_error", "not_found", msg);
+    api->cur_access = NULL;
 }
 
 http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
@@ -653,8 +663,9 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
             chat_format_name((enum chat_format)api->chat_format));
     api->metrics = coord_metrics_new(engine, err);
     if (!api->metrics) ST_WARN("http: no /metrics: %s", err->msg);
+    api->access = http_access_log_new(api->metrics);
     api->http = evhttp_new(base);
-    if (!api->model_name || !api->http) {
+    if (!api->model_name || !api->http || !api->access) {
         http_api_destroy(api);
         return (void)st_errf(err, "http: out of memory"), NULL;
     }
@@ -715,7 +726,8 @@ void http_api_destroy(http_api *api) {
     if (!api) return;
     /* Answer what is in progress (so evhttp completes and frees it). */
     http_api_end_all(api, "the server is shutting down");
-    if (api->http) evhttp_free(api->http);
+    if (api->http) evhttp_free(api->http); /* disconnects: their access lines */
+    http_access_log_free(api->access);
     coord_metrics_free(api->metrics);
     free(api->model_name);
     free(api);

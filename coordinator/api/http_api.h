@@ -17,10 +17,12 @@
  * body or parameter, 404 unknown route or model, 405 wrong method, 413 body
  * over max_body_bytes (beyond 64 MiB evhttp's own reply), 429 queue full,
  * 503 no placement, 500 engine failure (docs/api.md has the table).
- * Every answer counts in strata_requests_total{status}; request log lines
- * carry the request id (st_log_req: STRATA_REQUEST_ID): the client's
- * X-Request-Id when valid, else the response id (request_id.h); every
- * completion answer has the X-Request-Id header.
+ * Every request gets one access-log line and one count in
+ * strata_requests_total{route,status} (probes and scrapes in
+ * strata_ops_requests_total) when its answer is complete (access_log.h);
+ * request log lines carry the request id (st_log_req: STRATA_REQUEST_ID): the
+ * client's X-Request-Id when valid, else the response id (request_id.h);
+ * every completion answer has the X-Request-Id header.
  *
  * A client that disconnects before its completion is done (stream or not)
  * has its request cancelled through the engine (engine_api.h).

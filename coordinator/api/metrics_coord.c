@@ -11,7 +11,7 @@
 struct coord_metrics {
     metrics_registry *reg;
     coord_engine *engine;
-    metrics_family *requests;
+    metrics_family *requests, *ops_requests;
     metrics_series *ttft, *tpot, *prompt, *generated;
     metrics_series *queue, *running, *kv_used, *kv_free;
     metrics_series *recoveries, *resumed, *recomputed; /* live mode's recovery counters */
@@ -113,8 +113,13 @@ coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
     static const double tpot_b[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
     metrics_family *f;
     if (!(m->requests = metrics_counter(m->reg, "strata_requests_total",
-                                        "HTTP API requests answered, by status code.", "status",
-                                        err)))
+                                        "HTTP API requests answered, by route and status code "
+                                        "(probes and scrapes are not counted here).",
+                                        "route,status", err)) ||
+        !(m->ops_requests = metrics_counter(m->reg, "strata_ops_requests_total",
+                                            "Requests to the operator routes (probes, /metrics, "
+                                            "/version), by route and status code.",
+                                            "route,status", err)))
         goto fail;
 #define ONE(expr, dst)                                                                   \
     do {                                                                                 \
@@ -199,12 +204,12 @@ void coord_metrics_free(coord_metrics *m) {
     free(m);
 }
 
-void coord_metrics_request(coord_metrics *m, int http_status) {
+void coord_metrics_http(coord_metrics *m, const char *route, bool ops, int http_status) {
     if (!m) return;
     char s[16];
     snprintf(s, sizeof s, "%d", http_status);
-    const char *v[] = {s};
-    metrics_counter_add(metrics_with(m->requests, v, NULL), 1);
+    const char *v[] = {route ? route : "other", s};
+    metrics_counter_add(metrics_with(ops ? m->ops_requests : m->requests, v, NULL), 1);
 }
 
 void coord_metrics_ttft(coord_metrics *m, double s) {

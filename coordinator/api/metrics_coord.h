@@ -1,7 +1,8 @@
 /* metrics_coord.h — the coordinator's Prometheus metrics (GET /metrics) on
  * the common/metrics.h registry. Names, labels and buckets are the table of
  * docs/metrics.md:
- *   strata_requests_total{status}            every HTTP answer, once
+ *   strata_requests_total{route,status}      every API answer, once (access_log.h)
+ *   strata_ops_requests_total{route,status}  probes, /metrics, /version
  *   strata_time_to_first_token_seconds       request arrival -> first token
  *   strata_time_per_output_token_seconds     gap between consecutive tokens
  *   strata_prompt_tokens_total, strata_generation_tokens_total
@@ -17,6 +18,7 @@
 #ifndef STRATA_COORDINATOR_METRICS_COORD_H
 #define STRATA_COORDINATOR_METRICS_COORD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/err.h"
@@ -28,7 +30,9 @@ typedef struct coord_metrics coord_metrics;
 coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err);
 void coord_metrics_free(coord_metrics *m);
 
-void coord_metrics_request(coord_metrics *m, int http_status);
+/* One HTTP request answered (or abandoned: 499): route is a label of
+ * access_log.h's fixed set; ops routes count apart. */
+void coord_metrics_http(coord_metrics *m, const char *route, bool ops, int http_status);
 void coord_metrics_ttft(coord_metrics *m, double seconds);
 void coord_metrics_tpot(coord_metrics *m, double seconds);
 void coord_metrics_prompt_tokens(coord_metrics *m, int n);

@@ -241,7 +241,8 @@ def mode_metrics(args):
         check('strata_worker_state{worker="w0",state="serving"} 1' in last and
               'strata_worker_heartbeat_age_seconds{worker="w1"}' in last,
               "per-worker state and heartbeat age")
-        check('strata_requests_total{status="200"}' in last, "requests by status")
+        check('strata_requests_total{route="/v1/completions",status="200"}' in last,
+              "requests by route and status")
         check(all(r["done"] and r["status"] == 200 for r in results),
               "%d streams during the scrapes all ended in [DONE]" % len(results))
         finish(cl)
@@ -521,9 +522,9 @@ def mode_bad_input(args):
         check(st == 200, "/health is still 200")
         _, m = request(cl, "GET", "/metrics")
         m = m.decode()
-        check('strata_requests_total{status="400"}' in m and
-              'strata_requests_total{status="413"}' in m and
-              'strata_requests_total{status="429"}' in m,
+        check('strata_requests_total{route="/v1/completions",status="400"}' in m and
+              'strata_requests_total{route="/v1/completions",status="413"}' in m and
+              'strata_requests_total{route="/v1/completions",status="429"}' in m,
               "the refusals are counted by status in /metrics")
         with open(cl.co_log) as f:
             log = f.read()

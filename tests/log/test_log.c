@@ -25,20 +25,70 @@ static void test_env_level(void) {
 static void test_format_line(void) {
     struct timespec ts = {.tv_sec = 1700000000, .tv_nsec = 123456789}; /* 2023-11-14 22:13:20 UTC */
     char buf[256];
-    size_t n = st_log_format_line(buf, sizeof buf, &ts, ST_LOG_INFO, "coordinator", NULL, "hello");
-    CHECK_EQ_STR(buf, "2023-11-14T22:13:20.123Z I [coordinator] hello\n");
+    size_t n = st_log_format_line(buf, sizeof buf, &ts, ST_LOG_INFO, "strata-coordinator", NULL,
+                                  NULL, "hello", NULL);
+    CHECK_EQ_STR(buf, "ts=2023-11-14T22:13:20.123Z level=info tag=strata-coordinator msg=hello\n");
     CHECK_EQ_INT(n, strlen(buf));
-    st_log_format_line(buf, sizeof buf, &ts, ST_LOG_ERROR, "w1", "cmpl-42", "stage 1 lost");
-    CHECK_EQ_STR(buf, "2023-11-14T22:13:20.123Z E [w1] req=cmpl-42 stage 1 lost\n");
-    st_log_format_line(buf, sizeof buf, &ts, ST_LOG_WARN, "w1", "", "x");
-    CHECK_EQ_STR(buf, "2023-11-14T22:13:20.123Z W [w1] x\n");
-    st_log_format_line(buf, sizeof buf, &ts, ST_LOG_DEBUG, "w1", NULL, "");
-    CHECK_EQ_STR(buf, "2023-11-14T22:13:20.123Z D [w1] \n");
+    st_log_format_line(buf, sizeof buf, &ts, ST_LOG_ERROR, "strata-worker", "w1", "cmpl-42",
+                       "stage 1 lost", NULL);
+    CHECK_EQ_STR(buf, "ts=2023-11-14T22:13:20.123Z level=error tag=strata-worker node=w1 "
+                      "req=cmpl-42 msg=\"stage 1 lost\"\n");
+    st_log_format_line(buf, sizeof buf, &ts, ST_LOG_WARN, "w", "", "", "x", "");
+    CHECK_EQ_STR(buf, "ts=2023-11-14T22:13:20.123Z level=warn tag=w msg=x\n");
+    st_log_format_line(buf, sizeof buf, &ts, ST_LOG_DEBUG, "w", NULL, NULL, "", NULL);
+    CHECK_EQ_STR(buf, "ts=2023-11-14T22:13:20.123Z level=debug tag=w msg=\"\"\n");
+    /* Structured fields follow msg as given. */
+    st_log_format_line(buf, sizeof buf, &ts, ST_LOG_INFO, "c", NULL, "cmpl-1", "access",
+                       "method=POST status=200");
+    CHECK_EQ_STR(buf, "ts=2023-11-14T22:13:20.123Z level=info tag=c req=cmpl-1 msg=access "
+                      "method=POST status=200\n");
+    /* Quotes, escapes and control bytes in the message stay on one line. */
+    st_log_format_line(buf, sizeof buf, &ts, ST_LOG_INFO, "c", NULL, NULL,
+                       "a \"b\" c\\d\ne=f\x01", NULL);
+    CHECK_EQ_STR(buf, "ts=2023-11-14T22:13:20.123Z level=info tag=c "
+                      "msg=\"a \\\"b\\\" c\\\\d\\ne=f\\x01\"\n");
     /* Too long: cut, still one line ending in '\n'. */
-    char small[40];
-    n = st_log_format_line(small, sizeof small, &ts, ST_LOG_INFO, "t", NULL, "a long message here");
+    char small[60];
+    n = st_log_format_line(small, sizeof small, &ts, ST_LOG_INFO, "t", NULL, NULL,
+                           "a long message here", NULL);
     CHECK_EQ_INT(n, sizeof small - 1);
-    CHECK_EQ_STR(small, "2023-11-14T22:13:20.123Z I [t] a long \n");
+    CHECK_EQ_STR(small, "ts=2023-11-14T22:13:20.123Z level=info tag=t msg=\"a long \"\n");
+    /* Tiny buffers. */
+    char one[1];
+    CHECK_EQ_INT(st_log_format_line(one, sizeof one, &ts, ST_LOG_INFO, "t", NULL, NULL, "m", NULL), 0);
+    char two[8];
+    CHECK_EQ_INT(st_log_format_line(two, sizeof two, &ts, ST_LOG_INFO, "t", "n", "r", "m", "k=v"), 7);
+    CHECK_EQ_INT(strlen(two), 7);
+    CHECK(two[6] == '\n');
+}
+
+static void test_quote_and_levels(void) {
+    char b[64];
+    CHECK_EQ_INT(st_log_quote(b, sizeof b, "plain-value_1.2"), 15);
+    CHECK_EQ_STR(b, "plain-value_1.2");
+    st_log_quote(b, sizeof b, "");
+    CHECK_EQ_STR(b, "\"\"");
+    st_log_quote(b, sizeof b, NULL);
+    CHECK_EQ_STR(b, "\"\"");
+    st_log_quote(b, sizeof b, "a=b");
+    CHECK_EQ_STR(b, "\"a=b\"");
+    st_log_quote(b, sizeof b, "tab\there");
+    CHECK_EQ_STR(b, "\"tab\\there\"");
+    /* Cut to fit, still closed. */
+    char s[8];
+    st_log_quote(s, sizeof s, "x y z w v u");
+    CHECK(strlen(s) < sizeof s && s[0] == '"' && s[strlen(s) - 1] == '"');
+    enum st_log_level l = ST_LOG_INFO;
+    CHECK_EQ_INT(st_log_parse_level("debug", &l), 0);
+    CHECK_EQ_INT(l, ST_LOG_DEBUG);
+    CHECK_EQ_INT(st_log_parse_level("WARNING", &l), 0);
+    CHECK_EQ_INT(l, ST_LOG_WARN);
+    CHECK_EQ_INT(st_log_parse_level("Error", &l), 0);
+    CHECK_EQ_INT(l, ST_LOG_ERROR);
+    CHECK_EQ_INT(st_log_parse_level("verbose", &l), -1);
+    CHECK_EQ_INT(st_log_parse_level("", &l), -1);
+    CHECK_EQ_INT(st_log_parse_level(NULL, &l), -1);
+    CHECK_EQ_INT(l, ST_LOG_ERROR);
 }
 
 /* Redirects fd 2 to a temp file, runs the logging calls, returns the text. */
@@ -74,29 +124,34 @@ static void log_some(void) {
     st_log_set_level(ST_LOG_ERROR);
     ST_WARN("warn %d", 7);
     ST_REQ_ERROR("cmpl-8", "req error");
+    st_log_kv(ST_LOG_ERROR, "cmpl-9", "access", "status=%d route=%s", 500, "/v1/completions");
+    st_log_kv(ST_LOG_WARN, NULL, "dropped", "n=%d", 1);
+    st_log_kv(ST_LOG_ERROR, NULL, "100% sure", "%s", "");
 }
 
 static void test_filtering(void) {
     char *text = capture_stderr(log_some);
-    /* Strip the 25-byte timestamps ("2023-11-14T22:13:20.123Z ") line by line. */
+    /* Strip the "ts=2023-11-14T22:13:20.123Z " prefixes line by line. */
     char got[1024] = "";
     size_t lines = 0;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         lines++;
-        CHECK(strlen(line) > 25 && line[4] == '-' && line[10] == 'T' && line[23] == 'Z' &&
-              line[24] == ' ');
-        if (strlen(line) > 25) {
-            strncat(got, line + 25, sizeof got - strlen(got) - 2);
+        CHECK(strlen(line) > 28 && !strncmp(line, "ts=", 3) && line[7] == '-' && line[13] == 'T' &&
+              line[26] == 'Z' && line[27] == ' ');
+        if (strlen(line) > 28) {
+            strncat(got, line + 28, sizeof got - strlen(got) - 2);
             strcat(got, "\n");
         }
     }
-    CHECK_EQ_INT(lines, 5);
+    CHECK_EQ_INT(lines, 7);
     CHECK_EQ_STR(got,
-                 "W [tlog] warn 3\n"
-                 "E [tlog] error four\n"
-                 "W [tlog] req=cmpl-7 req warn 5\n"
-                 "D [tlog] debug 6\n"
-                 "E [tlog] req=cmpl-8 req error\n");
+                 "level=warn tag=tlog msg=\"warn 3\"\n"
+                 "level=error tag=tlog msg=\"error four\"\n"
+                 "level=warn tag=tlog req=cmpl-7 msg=\"req warn 5\"\n"
+                 "level=debug tag=tlog msg=\"debug 6\"\n"
+                 "level=error tag=tlog req=cmpl-8 msg=\"req error\"\n"
+                 "level=error tag=tlog req=cmpl-9 msg=access status=500 route=/v1/completions\n"
+                 "level=error tag=tlog msg=\"100% sure\"\n");
     free(text);
 }
 
@@ -213,6 +268,7 @@ static void test_journal_stream(void) {
 int main(void) {
     test_env_level();
     test_format_line();
+    test_quote_and_levels();
     test_filtering();
     test_journal_fields();
     test_journal_stream();
