@@ -65,6 +65,8 @@ static void usage(FILE *f) {
             "                      keep it below the unit's TimeoutStopSec=; docs/deployment.md)\n"
             "  --version           print the version, git commit and build type\n"
             "  --log-level L       error, warn, info (default; or $STRATA_LOG) or debug\n"
+            "  --no-prefix-caching do not reuse the KV blocks of shared prompt prefixes\n"
+            "                      (overrides [cluster] prefix_caching; docs/cluster-config.md)\n"
             "live mode (workers register; docs/control-api.md):\n"
             "  --live              the config lists no stages; placement is automatic / via gRPC\n"
             "  --grpc-listen H:P   gRPC control API address (127.0.0.1:7070)\n"
@@ -90,6 +92,7 @@ typedef struct coord_opts {
     double recovery_timeout; /* 0: the config's, else 60 */
     double shutdown_grace;
     bool live;
+    bool no_prefix_caching; /* --no-prefix-caching */
     const char *grpc_listen, *state_path;
     const char *grpc_ca, *grpc_cert, *grpc_key; /* NULL: the config's */
     bool insecure;
@@ -123,6 +126,7 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                                           {"shutdown-grace", required_argument, NULL, 'G'},
                                           {"version", no_argument, NULL, 'V'},
                                           {"log-level", required_argument, NULL, 'Y'},
+                                          {"no-prefix-caching", no_argument, NULL, 'P'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int c;
@@ -173,6 +177,7 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
             break;
         }
         case 'L': o->live = true; break;
+        case 'P': o->no_prefix_caching = true; break;
         case 'g': o->grpc_listen = optarg; break;
         case 'A': o->grpc_ca = optarg; break;
         case 'E': o->grpc_cert = optarg; break;
@@ -328,6 +333,7 @@ static int run(const coord_opts *o) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
         return 1;
     }
+    if (o->no_prefix_caching) cfg.prefix_caching = false;
     int rc = 1;
     struct event_base *base = NULL;
     lifecycle *life = NULL;

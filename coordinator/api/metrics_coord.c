@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/metrics.h"
+#include "coordinator/api/metrics_kv.h"
 
 struct coord_metrics {
     metrics_registry *reg;
@@ -16,6 +17,7 @@ struct coord_metrics {
     metrics_series *queue, *running, *kv_used, *kv_free;
     metrics_series *recoveries, *resumed, *recomputed; /* live mode's recovery counters */
     metrics_series *fenced;
+    metrics_kv kv; /* the KV scheduling metrics (metrics_kv.h) */
     uint64_t last_recoveries, last_resumed, last_recomputed, last_fenced;
     metrics_series *detect, *resume; /* recovery timings (histograms) */
     uint64_t last_detect, last_resume;
@@ -47,6 +49,7 @@ static void collect(metrics_registry *r, void *ud) {
     metrics_gauge_set(m->running, st->running);
     metrics_gauge_set(m->kv_used, st->kv_blocks_used);
     metrics_gauge_set(m->kv_free, st->kv_blocks_free);
+    metrics_kv_collect(&m->kv, st);
     if (st->recoveries > m->last_recoveries) {
         metrics_counter_add(m->recoveries, (double)(st->recoveries - m->last_recoveries));
         m->last_recoveries = st->recoveries;
@@ -191,6 +194,7 @@ coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
         !(m->wage = metrics_gauge(m->reg, "strata_worker_heartbeat_age_seconds",
                                   "Seconds since the worker last reported.", "worker", err)))
         goto fail;
+    if (metrics_kv_register(m->reg, &m->kv, err) != 0) goto fail;
     metrics_registry_set_collector(m->reg, collect, m);
     return m;
 fail:

@@ -146,6 +146,16 @@ static int parse_int(parser *p, const char *sec, const char *key, const char *v,
     return 1;
 }
 
+static int parse_bool(parser *p, const char *sec, const char *key, const char *v, bool *out) {
+    if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "yes"))
+        *out = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no"))
+        *out = false;
+    else
+        return fail(p, p->line, "[%s]: %s = '%s': expected true or false", sec, key, v);
+    return 1;
+}
+
 static int set_str(parser *p, char **dst, const char *v) {
     free(*dst);
     *dst = strdup(v);
@@ -180,6 +190,7 @@ static int cluster_key(parser *p, const char *k, const char *v) {
     }
     if (!strcmp(k, "kv_block_size")) return parse_int(p, "cluster", k, v, 1, 4096, &c->kv_block_size);
     if (!strcmp(k, "kv_blocks")) return parse_int(p, "cluster", k, v, 1, 1 << 24, &c->kv_blocks);
+    if (!strcmp(k, "prefix_caching")) return parse_bool(p, "cluster", k, v, &c->prefix_caching);
     if (!strcmp(k, "n_ctx")) return parse_int(p, "cluster", k, v, 0, 1 << 24, &c->n_ctx);
     if (!strcmp(k, "max_queue")) return parse_int(p, "cluster", k, v, 1, 1 << 20, &c->max_queue);
     if (!strcmp(k, "max_seqs")) return parse_int(p, "cluster", k, v, 1, 1 << 16, &c->max_seqs);
@@ -295,6 +306,7 @@ static void set_defaults(coord_config *c) {
     c->act_dtype = COORD_ACT_F32;
     c->kv_block_size = 16;
     c->kv_blocks = 1024;
+    c->prefix_caching = true;
     snprintf(c->http_host, sizeof c->http_host, "127.0.0.1");
     c->http_port = 8000;
     c->max_queue = 256;

@@ -11,6 +11,7 @@
 #ifndef STRATA_COORDINATOR_CLUSTER_CONFIG_H
 #define STRATA_COORDINATOR_CLUSTER_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,8 @@ typedef struct coord_config {
     enum coord_act_dtype act_dtype; /* default f32 */
     int kv_block_size;   /* tokens per KV block; default 16 */
     int kv_blocks;       /* KV blocks per stage (the same ids on every stage); default 1024 */
+    bool prefix_caching; /* `prefix_caching = true|false`: reuse cached prompt blocks
+                            (coordinator/serve/block_manager.h); default true */
     int n_ctx;           /* max tokens per sequence; 0 = the model's context */
     char http_host[COORD_HOST_MAX]; /* `listen`; default 127.0.0.1:8000 */
     int http_port;

@@ -49,6 +49,11 @@ typedef Strata__V1__ControlMessage ctl_msg;
  * the cluster lost a stage (a hung stage that continues: SIGCONT, a healed
  * partition). Loop thread only. */
 static uint64_t g_fenced_frames;
+/* The scheduler's KV counters summed over every cluster (placement epoch) of
+ * the process, so that /metrics counters never go back when an epoch ends. */
+static struct {
+    uint64_t preemptions, prefix_query_tokens, prefix_hit_tokens, prefill_tokens;
+} g_kv;
 
 /* Recovery timings of every cluster of this process (coord_engine_stats
  * .detection_s / .resume_s rings, filled by cluster_recovery_times). */
@@ -148,8 +153,9 @@ struct cluster {
     bool retry_pause;        /* hold mode: no launches until resume_ev */
     bool ready, failed, lost;
     char lost_msg[ST_ERR_MSG_MAX];
-    kv_alloc *kv;
+    block_manager *kv;
     sched *s;
+    sched_stats kv_folded;  /* the scheduler's counters already added to g_kv */
     const sched_batch **inflight; /* launched batches (max_inflight slots, NULL = free) */
     int max_inflight;
     uint64_t *launched_ns;        /* per inflight slot: CLOCK_MONOTONIC ns before the send */
@@ -256,8 +262,40 @@ static bool penalties_on(const coord_request *q) {
     return q->sampling.presence_penalty != 0.0f || q->sampling.frequency_penalty != 0.0f;
 }
 
+/* Adds what the scheduler counted since the last call to g_kv. */
+static void fold_kv_counters(cluster *c) {
+    if (!c->s) return;
+    sched_stats st;
+    sched_stats_get(c->s, &st);
+    g_kv.preemptions += st.preemptions - c->kv_folded.preemptions;
+    g_kv.prefix_query_tokens += st.prefix_query_tokens - c->kv_folded.prefix_query_tokens;
+    g_kv.prefix_hit_tokens += st.prefix_hit_tokens - c->kv_folded.prefix_hit_tokens;
+    g_kv.prefill_tokens += st.prefill_tokens - c->kv_folded.prefill_tokens;
+    c->kv_folded = st;
+}
+
+/* The most tokens r may generate here: max_tokens, or when it was not given
+ * (max_tokens_auto), up to the context and to what the whole KV pool holds
+ * (blocks are taken as the sequence grows; nothing is reserved ahead). */
+static int max_new_of(const cluster *c, const coord_request *q, int n_prompt) {
+    int max_new = q->max_tokens;
+    if (!q->max_tokens_auto) return max_new;
+    if ((int64_t)n_prompt + max_new > c->n_ctx) max_new = c->n_ctx - n_prompt;
+    int64_t cap = c->s ? sched_kv_capacity_tokens(c->s) : c->n_ctx;
+    if ((int64_t)n_prompt + max_new > cap) max_new = (int)(cap - n_prompt);
+    return max_new;
+}
+
+static void pump_launch(cluster *c);
+
 static void pump(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
     cluster *c = arg;
+    pump_launch(c);
+    fold_kv_counters(c);
+}
+
+static void pump_launch(cluster *c) {
     if (!c->ready || c->lost || !c->s || c->paused || c->retry_pause) return;
     stage_link *first = &c->links[0];
     const sched_batch *b;
@@ -566,7 +604,7 @@ static void all_ready(cluster *c) {
     for (int i = 0; i < c->n_stages; i++)
         if (c->links[i].kv_blocks > 0 && c->links[i].kv_blocks < blocks) blocks = c->links[i].kv_blocks;
     st_err err = {{0}};
-    c->kv = kv_alloc_new(blocks, c->cfg->kv_block_size, &err);
+    c->kv = bm_new(blocks, c->cfg->kv_block_size, c->cfg->prefix_caching, &err);
     c->max_inflight = c->cfg->max_inflight > 0 ? c->cfg->max_inflight : c->n_stages;
     sched_config sc = {.n_stages = c->n_stages,
                        .max_inflight = c->max_inflight,
@@ -597,8 +635,9 @@ static void all_ready(cluster *c) {
     if (c->deadline_ev) event_del(c->deadline_ev);
     struct timeval tv = {0, (int)(STATS_PERIOD_S * 1e6)};
     event_add(c->stats_ev, &tv);
-    ST_INFO("cluster: all %d stages ready (epoch %d); KV cache %d blocks of %d tokens", c->n_stages,
-            (int)c->epoch, (int)blocks, c->cfg->kv_block_size);
+    ST_INFO("cluster: all %d stages ready (epoch %d); KV cache %d blocks of %d tokens, prefix "
+            "caching %s", c->n_stages, (int)c->epoch, (int)blocks, c->cfg->kv_block_size,
+            c->cfg->prefix_caching ? "on" : "off");
     if (c->on_ready) c->on_ready(c->ud);
 }
 
@@ -685,15 +724,14 @@ static void recovery_resume(cluster *c) {
     creq *held = c->reqs;
     c->reqs = NULL;
     for (creq *r = held; r; r = r->next) sched_cancel(c->s, r->id);
+    sched_reset_prefix_cache(c->s); /* the restarted stage's KV cache is empty */
     int n_ok = 0;
     int64_t n_tok = 0;
     while (held) {
         creq *r = held;
         held = r->next;
         r->prev = r->next = NULL;
-        int max_new = r->req.max_tokens;
-        if (r->req.max_tokens_auto && (int64_t)r->n_prompt + max_new > c->n_ctx)
-            max_new = c->n_ctx - r->n_prompt;
+        int max_new = max_new_of(c, &r->req, r->n_prompt);
         int n = r->n_prompt + r->n_gen, left = max_new - r->n_gen;
         int32_t *all = malloc(sizeof *all * (size_t)(n ? n : 1));
         st_err err = {{0}};
@@ -1106,8 +1144,13 @@ static int eng_submit(void *impl, const coord_request *req, const coord_sink *si
     memcpy(r->prompt, req->prompt, sizeof(int32_t) * (size_t)req->n_prompt);
     r->n_prompt = req->n_prompt;
     const size_t n = (size_t)req->n_prompt;
-    int max_new = req->max_tokens;
-    if (req->max_tokens_auto && (int64_t)n + max_new > c->n_ctx) max_new = c->n_ctx - (int)n;
+    int max_new = max_new_of(c, req, (int)n);
+    if (req->max_tokens_auto && max_new < 1 && (int64_t)n < c->n_ctx) {
+        st_errf(err, "the prompt has %zu tokens but the KV cache holds at most %lld", n,
+                (long long)sched_kv_capacity_tokens(c->s));
+        creq_free(r);
+        return COORD_EINVAL;
+    }
     if (max_new < 1 || (int64_t)n + max_new > c->n_ctx) {
         st_errf(err,
                 "This model's maximum context length is %d tokens. However, you requested %lld "
@@ -1205,6 +1248,17 @@ static char *eng_stages_json(void *impl) {
         (json_int_t)st.tokens_launched, "batch_round_trip_ms",
         c->rtt_n ? 1e3 * c->rtt_sum / (double)c->rtt_n : 0.0, "batch_intervals", bat, "stages",
         stages);
+    fold_kv_counters(c);
+    json_t *kv = json_pack("{s:b,s:i,s:f,s:i,s:I,s:I,s:I,s:I,s:I}", "prefix_caching",
+                           c->cfg->prefix_caching, "blocks_cached", (int)st.blocks_cached,
+                           "usage", st.n_blocks ? (double)st.blocks_used / st.n_blocks : 0.0,
+                           "preempted_waiting", st.n_preempted_waiting, "preemptions",
+                           (json_int_t)g_kv.preemptions, "prefix_cache_query_tokens",
+                           (json_int_t)g_kv.prefix_query_tokens, "prefix_cache_hit_tokens",
+                           (json_int_t)g_kv.prefix_hit_tokens, "prefill_tokens",
+                           (json_int_t)g_kv.prefill_tokens, "evictions", (json_int_t)st.evictions);
+    if (root && kv) json_object_set_new(root, "kv", kv);
+    else json_decref(kv);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     return s;
@@ -1223,6 +1277,13 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->running = st.n_running;
     out->kv_blocks_used = (int)st.blocks_used;
     out->kv_blocks_free = (int)st.blocks_free;
+    out->kv_blocks_total = (int)st.n_blocks;
+    out->kv_blocks_cached = (int)st.blocks_cached;
+    fold_kv_counters(c);
+    out->preemptions = g_kv.preemptions;
+    out->prefix_cache_queries = g_kv.prefix_query_tokens;
+    out->prefix_cache_hits = g_kv.prefix_hit_tokens;
+    out->prefill_tokens = g_kv.prefill_tokens;
     out->fenced_frames = g_fenced_frames;
     cluster_recovery_times(out);
     out->recoveries = c->n_recoveries;
@@ -1333,8 +1394,9 @@ void cluster_destroy(cluster *c) {
     if (c->stats_ev) event_free(c->stats_ev);
     if (c->resume_ev) event_free(c->resume_ev);
     if (c->recov_ev) event_free(c->recov_ev);
+    fold_kv_counters(c);
     sched_destroy(c->s);
-    kv_alloc_free(c->kv);
+    bm_free(c->kv);
     free(c->inflight);
     free(c->launched_ns);
     free(c->launched_tokens);
@@ -1397,7 +1459,7 @@ int cluster_move_requests(cluster *from, cluster *to,
         uint64_t old_id = r->id;
         /* Re-prefill: the prompt and every token generated so far; the KV
          * cache of the sequence stays behind on the old stages. */
-        int n = r->n_prompt + r->n_gen, left = r->req.max_tokens - r->n_gen;
+        int n = r->n_prompt + r->n_gen, left = max_new_of(to, &r->req, r->n_prompt) - r->n_gen;
         int32_t *all = malloc(sizeof *all * (size_t)(n ? n : 1));
         st_err err = {{0}};
         int rc = -1;

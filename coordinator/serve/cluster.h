@@ -14,7 +14,10 @@
  * the scheduler starts.
  *
  * Serving: submit() tokenizes the prompt (BOS as the vocabulary says),
- * checks the context and queues it in the scheduler. A pump (a deferred loop
+ * checks the context and queues it in the scheduler (KV blocks on demand,
+ * preemption and the prefix cache: sched.h, docs/kv-cache.md; a request
+ * without max_tokens generates up to the context or the whole pool,
+ * whichever is smaller). A pump (a deferred loop
  * event after every change) launches micro-batches while fewer than
  * max_inflight (default n_stages) are out, as ACTIVATIONS frames of token ids
  * to stage 0. The last stage's TOKENS frame (sampled id + logprobs per
@@ -58,6 +61,10 @@
  *    "kv_blocks_free":n,"requests_waiting":n,"requests_running":n,
  *    "batches_in_flight":n,"batches_launched":n,"tokens_launched":n,
  *    "batch_round_trip_ms":mean launch-to-result time of the batches so far,
+ *    "kv":{"prefix_caching":bool,"blocks_cached":n,"usage":owned/total,
+ *          "preempted_waiting":n,"preemptions":n,"prefix_cache_query_tokens":n,
+ *          "prefix_cache_hit_tokens":n,"prefill_tokens":n,"evictions":n}
+ *         (docs/kv-cache.md; the counters over the process, evictions over this cluster),
  *    "stages":[{"stage":i,"address":"h:p","first_layer":a,"last_layer":b,
  *               "tp":t,"ready":bool,"busy_seconds":s,"uptime_seconds":s,
  *               "forwards":n,"tokens":n,"busy_fraction":f,"queue_depth":n,

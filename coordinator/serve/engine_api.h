@@ -91,7 +91,13 @@ typedef struct coord_worker_stats {
 typedef struct coord_engine_stats {
     int queue_depth;         /* requests waiting for a scheduler slot */
     int running;             /* requests being prefilled or decoded */
-    int kv_blocks_used, kv_blocks_free;
+    int kv_blocks_used, kv_blocks_free; /* free = allocatable: free + cached */
+    int kv_blocks_total, kv_blocks_cached; /* the pool; cached prefix blocks (evictable) */
+    /* KV scheduling (coordinator/serve/sched.h), cumulative over the process: */
+    uint64_t preemptions;          /* sequences preempted (re-prefilled later) */
+    uint64_t prefix_cache_queries; /* tokens looked up in the prefix cache at admission */
+    uint64_t prefix_cache_hits;    /* of those, found (their prefill skipped) */
+    uint64_t prefill_tokens;       /* tokens (re-)prefilled by the stages */
     int n_stages;            /* <= COORD_STATS_MAX_STAGES */
     coord_stage_stats stages[COORD_STATS_MAX_STAGES];
     int n_workers;           /* <= COORD_STATS_MAX_STAGES */

@@ -2,6 +2,7 @@
  * See sched.h for the policy. */
 #include "coordinator/serve/sched.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,9 +14,13 @@ typedef struct seq {
     int n_prompt, n_tokens, cap;
     int n_computed;      /* positions whose KV the stages hold */
     int max_new, n_gen;
-    int32_t reserve;     /* worst-case blocks, held from admission to the end */
-    kv_table table;
+    int32_t *blocks;     /* block table: blocks[i] holds positions [i*bs, (i+1)*bs) */
+    int32_t n_blocks, cap_blocks;
+    bm_hash *hashes;     /* chain hashes of the first n_hashes full blocks of tokens */
+    int n_hashes, cap_hashes;
+    int n_published;     /* blocks [0, n_published) published (or mapped from the cache) */
     bool in_flight, cancelled;
+    bool preempted;      /* waiting again after a preemption */
     struct seq *prev, *next;
 } seq;
 
@@ -37,16 +42,32 @@ typedef struct slot {
 
 struct sched {
     sched_config cfg;
-    kv_alloc *kv;
+    block_manager *kv;
+    int32_t bs, watermark;   /* block size; blocks kept free at admission (1% of the pool) */
     seq_list waiting, running;
+    int n_waiting_preempted; /* of waiting */
     slot *slots;
     int n_inflight;
     uint64_t next_seq_id, next_batch_id;
-    int32_t reserved_unallocated; /* sum over running of reserve - table.n_blocks */
     sched_event *events;
     int cap_events;
-    uint64_t batches_launched, tokens_launched;
+    uint64_t batches_launched, tokens_launched, prefill_tokens;
+    uint64_t preemptions, prefix_query_tokens, prefix_hit_tokens;
 };
+
+#ifndef NDEBUG
+/* Debug and Asan builds: the invariant check after every step (sched.h). */
+static void debug_verify(const sched *s, const char *where) {
+    char msg[256];
+    if (sched_verify(s, msg, sizeof msg) != 0) {
+        fprintf(stderr, "sched: KV block invariant broken after %s: %s\n", where, msg);
+        abort();
+    }
+}
+#define DEBUG_VERIFY(s, where) debug_verify((s), (where))
+#else
+#define DEBUG_VERIFY(s, where) ((void)0)
+#endif
 
 static void list_push(seq_list *l, seq *q) {
     q->prev = l->tail;
@@ -56,6 +77,17 @@ static void list_push(seq_list *l, seq *q) {
     else
         l->head = q;
     l->tail = q;
+    l->n++;
+}
+
+static void list_push_front(seq_list *l, seq *q) {
+    q->prev = NULL;
+    q->next = l->head;
+    if (l->head)
+        l->head->prev = q;
+    else
+        l->tail = q;
+    l->head = q;
     l->n++;
 }
 
@@ -72,7 +104,7 @@ static void list_remove(seq_list *l, seq *q) {
     l->n--;
 }
 
-sched *sched_create(const sched_config *cfg, kv_alloc *kv, st_err *err) {
+sched *sched_create(const sched_config *cfg, block_manager *kv, st_err *err) {
     sched_config c = *cfg;
     if (!kv) return (void)st_errf(err, "sched: no KV allocator"), NULL;
     if (c.n_stages < 1) return (void)st_errf(err, "sched: n_stages %d < 1", c.n_stages), NULL;
@@ -93,6 +125,8 @@ sched *sched_create(const sched_config *cfg, kv_alloc *kv, st_err *err) {
     if (!s) return (void)st_errf(err, "sched: out of memory"), NULL;
     s->cfg = c;
     s->kv = kv;
+    s->bs = bm_block_size(kv);
+    s->watermark = bm_n_blocks(kv) / 100; /* vLLM: int(0.01 * num_blocks) */
     s->slots = calloc((size_t)c.max_inflight, sizeof *s->slots);
     if (!s->slots) {
         free(s);
@@ -103,12 +137,26 @@ sched *sched_create(const sched_config *cfg, kv_alloc *kv, st_err *err) {
     return s;
 }
 
+/* Gives q's blocks back, last first (so its tail is evicted before its
+ * prefix, as vLLM does). */
+static void release_blocks(sched *s, seq *q) {
+    for (int32_t i = q->n_blocks; i-- > 0;) bm_release(s->kv, q->blocks[i]);
+    q->n_blocks = 0;
+    q->n_published = 0;
+}
+
 static void seq_free(sched *s, seq *q) {
-    if (q->state != SCHED_WAITING) s->reserved_unallocated -= q->reserve - q->table.n_blocks;
-    kv_table_release(s->kv, &q->table);
-    free(q->table.blocks);
+    release_blocks(s, q);
+    free(q->blocks);
+    free(q->hashes);
     free(q->tokens);
     free(q);
+}
+
+static void waiting_remove(sched *s, seq *q) {
+    list_remove(&s->waiting, q);
+    if (q->preempted) s->n_waiting_preempted--;
+    q->preempted = false;
 }
 
 /* Removes a running sequence and frees its blocks and reservation. */
@@ -121,7 +169,7 @@ void sched_destroy(sched *s) {
     if (!s) return;
     while (s->waiting.head) {
         seq *q = s->waiting.head;
-        list_remove(&s->waiting, q);
+        waiting_remove(s, q);
         seq_free(s, q);
     }
     while (s->running.head) running_drop(s, s->running.head);
@@ -147,13 +195,14 @@ int sched_add(sched *s, const int32_t *prompt, int n_prompt, int max_new, void *
                        "max_tokens is %d",
                        s->cfg.n_ctx, n_prompt, max_new),
                SCHED_EINVAL;
-    int32_t need = kv_blocks_for(s->kv, (int64_t)n_prompt + max_new);
-    if (need > kv_alloc_n_blocks(s->kv))
+    int32_t need = bm_blocks_for(s->kv, (int64_t)n_prompt + max_new);
+    if (need > bm_n_blocks(s->kv))
         return st_errf(err, "the request needs %d KV blocks but the cluster has %d",
-                       (int)need, (int)kv_alloc_n_blocks(s->kv)),
+                       (int)need, (int)bm_n_blocks(s->kv)),
                SCHED_EINVAL;
-    if (s->waiting.n >= s->cfg.max_queue)
-        return st_errf(err, "the request queue is full (%d waiting)", s->waiting.n), SCHED_EFULL;
+    int n_new_waiting = s->waiting.n - s->n_waiting_preempted;
+    if (n_new_waiting >= s->cfg.max_queue)
+        return st_errf(err, "the request queue is full (%d waiting)", n_new_waiting), SCHED_EFULL;
     seq *q = calloc(1, sizeof *q);
     int cap = n_prompt + max_new;
     if (q) q->tokens = malloc(sizeof(int32_t) * (size_t)cap);
@@ -168,23 +217,9 @@ int sched_add(sched *s, const int32_t *prompt, int n_prompt, int max_new, void *
     q->n_prompt = q->n_tokens = n_prompt;
     q->cap = cap;
     q->max_new = max_new;
-    q->reserve = need;
-    kv_table_init(&q->table);
     list_push(&s->waiting, q);
     if (id_out) *id_out = q->id;
     return 0;
-}
-
-static void admit(sched *s) {
-    while (s->waiting.head && s->running.n < s->cfg.max_seqs) {
-        seq *q = s->waiting.head;
-        int32_t avail = kv_alloc_n_free(s->kv) - s->reserved_unallocated;
-        if (q->reserve > avail) break; /* FIFO: no overtaking, so nobody starves */
-        list_remove(&s->waiting, q);
-        q->state = SCHED_PREFILL;
-        s->reserved_unallocated += q->reserve;
-        list_push(&s->running, q);
-    }
 }
 
 static int grow(void **p, int *cap, int need, size_t elem) {
@@ -198,20 +233,113 @@ static int grow(void **p, int *cap, int need, size_t elem) {
     return 0;
 }
 
+/* q's chain hashes up to n full blocks of its tokens (computed once). */
+static int ensure_hashes(sched *s, seq *q, int n) {
+    if (n <= q->n_hashes) return 0;
+    if (grow((void **)&q->hashes, &q->cap_hashes, n, sizeof *q->hashes) != 0) return -1;
+    for (int i = q->n_hashes; i < n; i++) {
+        if (bm_chain_hash(s->kv, i ? &q->hashes[i - 1] : NULL, q->tokens + (size_t)i * (size_t)s->bs,
+                          &q->hashes[i]) != 0)
+            return -1;
+        q->n_hashes = i + 1;
+    }
+    return 0;
+}
+
+/* Admits waiting sequences (sched.h: policy), mapping their cached prefix. */
+static void admit(sched *s) {
+    while (s->waiting.head && s->running.n < s->cfg.max_seqs) {
+        seq *q = s->waiting.head;
+        int32_t total = bm_blocks_for(s->kv, q->n_tokens);
+        if (grow((void **)&q->blocks, &q->cap_blocks, total, sizeof *q->blocks) != 0) break;
+        /* The cached prefix: full blocks ending before the last token, which
+         * is always computed (its logits give the next token). */
+        int32_t hits = 0, hits_cached = 0;
+        if (bm_prefix_caching(s->kv)) {
+            int max_hit = (q->n_tokens - 1) / s->bs;
+            if (ensure_hashes(s, q, max_hit) != 0) max_hit = 0;
+            for (; hits < max_hit; hits++) {
+                int32_t b = bm_find(s->kv, &q->hashes[hits], q->tokens + (size_t)hits * (size_t)s->bs);
+                if (b < 0) break;
+                q->blocks[hits] = b;
+                if (bm_refcount(s->kv, b) == 0) hits_cached++; /* taken from the free count */
+            }
+        }
+        int32_t need = total - hits + hits_cached;
+        int32_t watermark = s->running.n > 0 ? s->watermark : 0;
+        if (need + watermark > bm_n_free(s->kv)) break; /* FIFO: no overtaking */
+        for (int32_t i = 0; i < hits; i++) bm_ref(s->kv, q->blocks[i]);
+        for (int32_t i = hits; i < total; i++) q->blocks[i] = bm_alloc(s->kv);
+        q->n_blocks = total;
+        q->n_published = hits;
+        q->n_computed = hits * s->bs;
+        s->prefix_query_tokens += (uint64_t)q->n_tokens;
+        s->prefix_hit_tokens += (uint64_t)hits * (uint64_t)s->bs;
+        waiting_remove(s, q);
+        q->state = SCHED_PREFILL;
+        list_push(&s->running, q);
+    }
+}
+
+/* Preemption by recompute: q (running, not in flight) releases its blocks
+ * and goes back to the front of the queue with all its tokens. */
+static void preempt(sched *s, seq *q) {
+    list_remove(&s->running, q);
+    release_blocks(s, q);
+    q->n_computed = 0;
+    q->state = SCHED_WAITING;
+    q->preempted = true;
+    s->n_waiting_preempted++;
+    list_push_front(&s->waiting, q);
+    s->preemptions++;
+}
+
 /* Tokens a sequence would send now (0 = nothing to do). */
 static int want_tokens(const sched *s, const seq *q) {
-    if (q->state == SCHED_DECODE) return 1;
-    int left = q->n_prompt - q->n_computed;
+    int left = q->n_tokens - q->n_computed;
     return left < s->cfg.prefill_chunk ? left : s->cfg.prefill_chunk;
 }
 
+/* Gives every idle running sequence the blocks its next slice needs, in
+ * admission order, preempting the newest idle ones when the pool is out
+ * (sched.h: policy). A sequence that cannot get them now is skipped by the
+ * batch (its table stays short). */
+static void grow_tables(sched *s) {
+    seq *q = s->running.head;
+    while (q) {
+        int n = q->in_flight ? 0 : want_tokens(s, q);
+        int32_t need = n > 0 ? bm_blocks_for(s->kv, (int64_t)q->n_computed + n) - q->n_blocks : 0;
+        if (need > 0 && grow((void **)&q->blocks, &q->cap_blocks, q->n_blocks + need,
+                             sizeof *q->blocks) != 0)
+            need = 0;
+        bool self = false;
+        while (need > 0) {
+            int32_t b = bm_alloc(s->kv);
+            if (b >= 0) {
+                q->blocks[q->n_blocks++] = b;
+                need--;
+                continue;
+            }
+            seq *v = s->running.tail;
+            while (v != q && v->in_flight) v = v->prev;
+            if (v != q) {
+                preempt(s, v);
+                continue;
+            }
+            if (s->n_inflight > 0) break; /* their batches free or preempt later */
+            preempt(s, q);                /* the newest, and nothing else can give way */
+            self = true;
+            break;
+        }
+        q = self ? NULL : q->next;
+    }
+}
+
 /* Appends q's slice of n tokens to the slot's batch. -1 on out of memory or
- * out of blocks (neither should happen: admission reserved the blocks). */
+ * when q's table does not cover them yet (grow_tables could not). */
 static int add_slice(sched *s, slot *sl, seq *q, int n) {
     int32_t pos = q->n_computed;
-    int32_t before = q->table.n_blocks;
-    if (kv_table_reserve(s->kv, &q->table, (int64_t)pos + n, NULL) != 0) return -1;
-    s->reserved_unallocated -= q->table.n_blocks - before;
+    if (bm_blocks_for(s->kv, (int64_t)pos + n) > q->n_blocks) return -1;
     sched_batch *b = &sl->batch;
     int i = b->n_seqs;
     if (grow((void **)&sl->slices, &sl->cap_slices, i + 1, sizeof *sl->slices) ||
@@ -228,9 +356,9 @@ static int add_slice(sched *s, slot *sl, seq *q, int n) {
     x->user = q->user;
     x->pos = pos;
     x->n_tokens = n;
-    x->n_blocks = q->table.n_blocks;
+    x->n_blocks = q->n_blocks;
     x->prefill = q->state == SCHED_PREFILL;
-    x->sample = q->state == SCHED_DECODE || pos + n == q->n_prompt;
+    x->sample = pos + n == q->n_tokens;
     sl->owners[i] = q;
     b->n_tokens += n;
     b->n_seqs = i + 1;
@@ -239,7 +367,9 @@ static int add_slice(sched *s, slot *sl, seq *q, int n) {
 
 const sched_batch *sched_next_microbatch(sched *s) {
     if (s->n_inflight >= s->cfg.max_inflight) return NULL;
+    grow_tables(s); /* the running first, then the waiting (vLLM's order) */
     admit(s);
+    DEBUG_VERIFY(s, "growth and admission");
     int idle = 0, active = 0;
     for (seq *q = s->running.head; q; q = q->next) {
         if (!q->in_flight && want_tokens(s, q) > 0) idle++;
@@ -285,7 +415,8 @@ const sched_batch *sched_next_microbatch(sched *s) {
     for (int i = 0; i < sl->batch.n_seqs; i++) {
         sched_slice *x = &sl->slices[i];
         seq *q = sl->owners[i];
-        memcpy(sl->blocks + off, q->table.blocks, sizeof(int32_t) * (size_t)x->n_blocks);
+        memcpy(sl->blocks + off, q->blocks, sizeof(int32_t) * (size_t)x->n_blocks);
+        if (x->prefill) s->prefill_tokens += (uint64_t)x->n_tokens;
         x->block_table = sl->blocks + off;
         x->tokens = sl->tokens + toff;
         off += x->n_blocks;
@@ -300,6 +431,18 @@ const sched_batch *sched_next_microbatch(sched *s) {
     s->batches_launched++;
     s->tokens_launched += (uint64_t)sl->batch.n_tokens;
     return &sl->batch;
+}
+
+/* Every stage has now computed q's KV up to n_computed: its full blocks
+ * become findable in the prefix cache. */
+static void publish_computed(sched *s, seq *q) {
+    if (!bm_prefix_caching(s->kv)) return;
+    int full = q->n_computed / s->bs;
+    if (full > q->n_blocks) full = q->n_blocks;
+    if (full <= q->n_published || ensure_hashes(s, q, full) != 0) return;
+    for (int i = q->n_published; i < full; i++)
+        bm_publish(s->kv, q->blocks[i], &q->hashes[i], q->tokens + (size_t)i * (size_t)s->bs);
+    q->n_published = full;
 }
 
 static slot *find_slot(sched *s, uint64_t batch_id) {
@@ -337,6 +480,7 @@ int sched_on_tokens(sched *s, uint64_t batch_id, const int32_t *sampled, int n_s
             continue;
         }
         q->n_computed = x->pos + x->n_tokens;
+        publish_computed(s, q);
         if (!x->sample) continue;
         sched_event *ev = &s->events[ne++];
         ev->seq_id = q->id;
@@ -362,6 +506,7 @@ int sched_on_tokens(sched *s, uint64_t batch_id, const int32_t *sampled, int n_s
     }
     release_slot(s, sl);
     *n_events = ne;
+    DEBUG_VERIFY(s, "a batch's tokens");
     return 0;
 }
 
@@ -374,6 +519,7 @@ int sched_abort_batch(sched *s, uint64_t batch_id, st_err *err) {
         if (q->cancelled) running_drop(s, q);
     }
     release_slot(s, sl);
+    DEBUG_VERIFY(s, "a batch abort");
     return 0;
 }
 
@@ -386,7 +532,7 @@ static seq *find_seq(const seq_list *l, uint64_t id) {
 int sched_cancel(sched *s, uint64_t seq_id) {
     seq *q = find_seq(&s->waiting, seq_id);
     if (q) {
-        list_remove(&s->waiting, q);
+        waiting_remove(s, q);
         seq_free(s, q);
         return 0;
     }
@@ -396,6 +542,7 @@ int sched_cancel(sched *s, uint64_t seq_id) {
         q->cancelled = true; /* freed when its batch comes back or is aborted */
     else
         running_drop(s, q);
+    DEBUG_VERIFY(s, "a cancel");
     return 0;
 }
 
@@ -404,11 +551,59 @@ void sched_stats_get(const sched *s, sched_stats *out) {
     out->n_waiting = s->waiting.n;
     out->n_running = s->running.n;
     out->n_inflight = s->n_inflight;
-    out->n_blocks = kv_alloc_n_blocks(s->kv);
-    out->blocks_free = kv_alloc_n_free(s->kv);
+    out->n_preempted_waiting = s->n_waiting_preempted;
+    out->n_blocks = bm_n_blocks(s->kv);
+    out->blocks_free = bm_n_free(s->kv);
+    out->blocks_cached = bm_n_evictable(s->kv);
     out->blocks_used = out->n_blocks - out->blocks_free;
     out->batches_launched = s->batches_launched;
     out->tokens_launched = s->tokens_launched;
+    out->prefill_tokens = s->prefill_tokens;
+    out->preemptions = s->preemptions;
+    out->prefix_query_tokens = s->prefix_query_tokens;
+    out->prefix_hit_tokens = s->prefix_hit_tokens;
+    out->evictions = bm_evictions(s->kv);
+}
+
+int64_t sched_kv_capacity_tokens(const sched *s) { return (int64_t)bm_n_blocks(s->kv) * s->bs; }
+
+void sched_reset_prefix_cache(sched *s) { bm_reset_cache(s->kv); }
+
+int sched_verify(const sched *s, char *msg, size_t cap) {
+    int32_t nb = bm_n_blocks(s->kv);
+    int32_t *owners = calloc((size_t)nb, sizeof *owners);
+    if (!owners) return snprintf(msg, cap, "out of memory"), -1;
+    int rc = 0;
+    for (const seq *q = s->waiting.head; q && rc == 0; q = q->next)
+        if (q->n_blocks != 0)
+            rc = -1, snprintf(msg, cap, "waiting seq %llu holds %d blocks", (unsigned long long)q->id,
+                              (int)q->n_blocks);
+    for (const seq *q = s->running.head; q && rc == 0; q = q->next) {
+        if (q->n_blocks < bm_blocks_for(s->kv, q->n_computed)) {
+            rc = -1;
+            snprintf(msg, cap, "seq %llu computed %d positions but holds only %d blocks",
+                     (unsigned long long)q->id, q->n_computed, (int)q->n_blocks);
+            break;
+        }
+        for (int32_t i = 0; i < q->n_blocks; i++) {
+            int32_t b = q->blocks[i];
+            if (b < 0 || b >= nb) {
+                rc = -1;
+                snprintf(msg, cap, "seq %llu has block id %d out of range", (unsigned long long)q->id,
+                         (int)b);
+                break;
+            }
+            for (int32_t j = 0; j < i; j++)
+                if (q->blocks[j] == b) {
+                    rc = -1;
+                    snprintf(msg, cap, "seq %llu holds block %d twice", (unsigned long long)q->id, (int)b);
+                }
+            owners[b]++;
+        }
+    }
+    if (rc == 0) rc = bm_verify(s->kv, owners, msg, cap);
+    free(owners);
+    return rc;
 }
 
 int sched_seq_info_get(const sched *s, uint64_t seq_id, sched_seq_info *out) {
@@ -419,7 +614,7 @@ int sched_seq_info_get(const sched *s, uint64_t seq_id, sched_seq_info *out) {
     out->n_prompt = q->n_prompt;
     out->n_computed = q->n_computed;
     out->n_generated = q->n_gen;
-    out->n_blocks = q->table.n_blocks;
+    out->n_blocks = q->n_blocks;
     out->in_flight = q->in_flight;
     out->cancelled = q->cancelled;
     return 0;

@@ -64,8 +64,9 @@ class Cluster:
     """Workers + coordinator. stages: list of dicts {tp, host, netns}."""
 
     def __init__(self, args, stages, partition=None, extra_cfg="", threads_per_rank=1,
-                 model=None, coord_args=()):
+                 model=None, coord_args=(), kv_blocks=512):
         self.args = args
+        self.kv_blocks = kv_blocks
         self.coord_args = list(coord_args)
         self.stages = stages
         self.partition = partition
@@ -81,7 +82,7 @@ class Cluster:
         env.setdefault("UCX_TLS", "tcp")
         env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
         self.env = env
-        cfg = ["[cluster]", "model = %s" % self.model, "kv_blocks = 512"]
+        cfg = ["[cluster]", "model = %s" % self.model, "kv_blocks = %d" % self.kv_blocks]
         if self.partition:
             cfg.append("partition = %s" % self.partition)
         cfg.append(self.extra_cfg)

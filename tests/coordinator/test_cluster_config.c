@@ -19,9 +19,26 @@ static void expect_error(const char *text, const char *want) {
     if (rc == 0) coord_config_free(&c);
 }
 
+/* prefix_caching = true|false (docs/kv-cache.md). */
+static void test_prefix_caching_key(void) {
+    coord_config c;
+    st_err e;
+    REQUIRE_MSG(parse("[cluster]\nmodel = m.gguf\nprefix_caching = false\n[stage.0]\naddress = 1.2.3.4:5\n",
+                      &c, &e) == 0, "%s", e.msg);
+    CHECK(!c.prefix_caching);
+    coord_config_free(&c);
+    REQUIRE_MSG(parse("[cluster]\nmodel = m.gguf\nprefix_caching = on\n[stage.0]\naddress = 1.2.3.4:5\n",
+                      &c, &e) == 0, "%s", e.msg);
+    CHECK(c.prefix_caching);
+    coord_config_free(&c);
+    expect_error("[cluster]\nmodel = m.gguf\nprefix_caching = maybe\n[stage.0]\naddress = 1.2.3.4:5\n",
+                 "c.ini:3: [cluster]: prefix_caching = 'maybe': expected true or false");
+}
+
 int main(void) {
     coord_config c;
     st_err e;
+    test_prefix_caching_key();
     const char *full =
         "; PP 2 x TP 2\n"
         "[cluster]\n"
@@ -50,6 +67,7 @@ int main(void) {
     CHECK_EQ_INT(c.n_partition, 2);
     CHECK_EQ_INT(c.max_queue, 10);
     CHECK_EQ_INT(c.max_seqs, 64); /* default */
+    CHECK(c.prefix_caching);       /* default on (docs/kv-cache.md) */
     CHECK_EQ_INT(c.n_stages, 2);
     CHECK_EQ_STR(c.stages[0].host, "10.0.0.1");
     CHECK_EQ_INT(c.stages[0].port, 7001);
