@@ -2,23 +2,29 @@
 """failover.py — issue 12's failover figures (a benchmark: figures, not pass/fail).
 Run through bench/failover.sh, which builds the binaries first.
 
-  failover.py --build DIR [--kills N] [--fault crash|hang] [--streams S]
-              [--tokens T] [--kill-at K] [--shared DIR] [--keep]
+  failover.py --build DIR [--kills N] [--fault crash|hang|partition|all]
+              [--streams S] [--tokens T] [--kill-at K] [--threads N]
+              [--model GGUF] [--shared DIR] [--keep]
 
 A live coordinator (strata-coordinator --live, gRPC registration) and 3
-strata-worker processes on loopback (w-a, w-b serve PP 2, w-c a spare; each
-worker keeps its port for the whole run), stories260K. N times: S greedy SSE
-streams (temperature 0, ignore_eos, T tokens, the reference prompts) start;
-once every stream has K tokens the worker holding stage 1 (asked each time
-with `stratactl placement show`) gets
-  crash: SIGKILL;
-  hang:  SIGSTOP (found by the coordinator's per-micro-batch deadline,
-         cluster.c check_overdue); once the streams are over it is SIGCONTed
-         and SIGKILLed.
-Then the streams finish on the new placement, the killed worker is started
-again with the same name on the same port (it becomes the spare of the next
-kill) and the cluster is waited for: serving, 3 nodes ready, one holding no
-stage.
+strata-worker processes (w-a, w-b serve PP 2, w-c a spare; each worker keeps
+its port for the whole run), stories260K unless --model. On loopback, or for
+the partition fault each worker in its own network namespace (tests/harness.py
+NetnsBridge; needs root, ip netns and nft, else that fault is skipped). N
+times: S greedy SSE streams (temperature 0, ignore_eos, T tokens, the
+reference prompts) start; once every stream has K tokens the worker holding
+stage 1 (asked each time with `stratactl placement show`) gets
+  crash:     SIGKILL;
+  hang:      SIGSTOP (found by the coordinator's per-micro-batch deadline,
+             cluster.c check_overdue); once the streams are over it is
+             SIGCONTed and SIGKILLed;
+  partition: nft in its namespace silently drops every packet through its
+             veth (found by the deadline too); once the streams are over the
+             link heals and the worker is SIGKILLed.
+`all` runs the three in turn, N each, on a fresh cluster each. Then the
+streams finish on the new placement, the faulted worker is started again with
+the same name on the same port (it becomes the spare of the next kill) and the
+cluster is waited for: serving, 3 nodes ready, one holding no stage.
 
 Per kill:
   detection          kill -> the coordinator's `recovery: ... lost stage 1 ...
@@ -30,11 +36,14 @@ Per kill:
                      the hold line's time is, and the number skipped is printed
   tokens recomputed  the delta of /metrics strata_tokens_recomputed_total
   coordinator        the `epoch E serves X s after the loss` figure of the log
+  stage load         the longest `stage K ready in X s` the workers logged
+                     between the hold and the serve lines (the new stages'
+                     loads), and its share of detection + recovery
 p50 and p99 (linear interpolation) of each, and the raw lists.
 
 Every process is started here and always stopped by pid (try/finally; SIGTERM
-and SIGINT end the run through the same path). /usr/bin/python3, stdlib only
-(the control API is read with stratactl --json).
+and SIGINT end the run through the same path); namespaces are removed.
+/usr/bin/python3, stdlib only (the control API is read with stratactl --json).
 """
 import argparse
 import datetime
@@ -50,7 +59,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from harness import free_port, http_get, reap, sse_completion, wait_for  # noqa: E402
+from harness import NetnsBridge, free_port, http_get, insecure_flag, netns_unavailable, reap, sse_completion, wait_for  # noqa: E402
 
 HB_MS = 1000
 DEAD_MS = 10000
@@ -75,16 +84,23 @@ def pct(xs, p):
 
 
 class Cluster:
-    def __init__(self, a):
+    def __init__(self, a, nb=None):
+        """nb: a NetnsBridge (partition faults): every worker in its own
+        namespace, the coordinator's gRPC on the bridge address."""
         self.a = a
+        self.nb = nb
+        self.ns_of = {}
         self.tmp = tempfile.mkdtemp(prefix="strata-failover-")
-        self.model = os.path.join(a.shared, "models", "stories260K.gguf")
+        self.model = a.model
         self.env = dict(os.environ)
         self.env.pop("JOURNAL_STREAM", None)  # logs to stderr (the files below), not journald
         self.env.setdefault("UCX_TLS", "tcp")
-        self.env.setdefault("UCX_NET_DEVICES", "lo")
+        if nb:
+            self.env.pop("UCX_NET_DEVICES", None)  # the bridge and the veths
+        else:
+            self.env.setdefault("UCX_NET_DEVICES", "lo")
         self.http_port = free_port()
-        self.grpc_addr = "127.0.0.1:%d" % free_port()
+        self.grpc_addr = "%s:%d" % (nb.host_ip if nb else "127.0.0.1", free_port())
         self.ports = {n: free_port() for n in NAMES}
         self.workers = {}      # name -> Popen (the latest process of that name)
         self.old = []          # earlier processes (killed), reaped at the end
@@ -102,27 +118,42 @@ class Cluster:
         self.coord = subprocess.Popen(
             [self.bin_coord, "--live", "--config", cfg, "--listen", "127.0.0.1:%d" % self.http_port,
              "--grpc-listen", self.grpc_addr, "--state", os.path.join(self.tmp, "state.json"),
-             "--heartbeat-ms", str(HB_MS), "--dead-after-ms", str(DEAD_MS), "--min-workers", "2"],
+             "--heartbeat-ms", str(HB_MS), "--dead-after-ms", str(DEAD_MS), "--min-workers", "2",
+             "--ready-timeout", "600"] + (insecure_flag(self.bin_coord) if nb else []),
             stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
 
     def start_worker(self, name):
         log = open(os.path.join(self.tmp, "%s.log" % name), "a")
-        cmd = [self.bin_worker, "--listen", "127.0.0.1:%d" % self.ports[name], "--coordinator", self.grpc_addr,
-               "--name", name, "--model", self.model, "--threads", "1"]
+        host, pre = "127.0.0.1", []
+        if self.nb:
+            if name not in self.ns_of:
+                self.ns_of[name] = self.nb.add()
+            host, pre = self.nb.ip(self.ns_of[name]), self.nb.exec_prefix(self.ns_of[name])
+        cmd = pre + [self.bin_worker, "--listen", "%s:%d" % (host, self.ports[name]), "--coordinator", self.grpc_addr,
+                     "--name", name, "--model", self.model, "--threads", str(self.a.threads)] + \
+            (insecure_flag(self.bin_worker) if self.nb else [])
         self.workers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
 
-    def fault(self, name, hang):
+    def fault(self, name, kind):
         p = self.workers[name]
-        if hang:
+        if kind == "partition":
+            self.nb.drop(self.ns_of[name])  # nft in its namespace drops every packet, silently
+            self.cut = name
+        elif kind == "hang":
             self.stopped.add(p.pid)
             os.kill(p.pid, signal.SIGSTOP)
         else:
             os.kill(p.pid, signal.SIGKILL)
 
     def finish_victim(self, name):
-        """The faulted process: SIGCONT + SIGKILL if stopped, reaped."""
+        """The faulted process: healed if cut off, SIGCONT + SIGKILL if
+        stopped, SIGKILL if partitioned; reaped."""
+        if getattr(self, "cut", None) == name:
+            self.nb.undrop(self.ns_of[name])
+            self.cut = None
+            self.workers[name].kill()
         p = self.workers.pop(name)
         if p.pid in self.stopped and p.poll() is None:
             os.kill(p.pid, signal.SIGCONT)
@@ -148,9 +179,22 @@ class Cluster:
                 return float(line.split()[-1])
         return 0.0
 
-    def log(self):
-        with open(os.path.join(self.tmp, "coordinator.log"), errors="replace") as f:
+    def log(self, name="coordinator"):
+        with open(os.path.join(self.tmp, "%s.log" % name), errors="replace") as f:
             return f.read().splitlines()
+
+    def stage_loads(self, t0, t1):
+        """The `stage K ready in X s` figures the workers logged between wall
+        times t0 and t1 (the stages loaded for a recovery): [(worker, X)]."""
+        out = []
+        for n in NAMES:
+            for l in self.log(n):
+                if " ready in " in l and "worker: stage" in l and t0 <= log_time_safe(l) <= t1:
+                    try:
+                        out.append((n, float(l.split(" ready in ", 1)[1].split(" s", 1)[0])))
+                    except (IndexError, ValueError):
+                        pass
+        return out
 
     def steady(self):
         """The placement when: serving, nothing pending, /health 200, the 3
@@ -202,10 +246,10 @@ class Cluster:
         return rcs
 
 
-def one_kill(cl, a, i, prompts):
-    pl = wait_for(cl.steady, 120, 0.1)
+def one_kill(cl, a, fault, i, prompts):
+    pl = wait_for(cl.steady, 600, 0.1)
     if not pl:
-        raise RuntimeError("kill %d: the cluster is not serving with a spare within 120 s" % i)
+        raise RuntimeError("kill %d: the cluster is not serving with a spare within 600 s" % i)
     victim = pl["stages"][1]["node"]
     epoch0 = int(pl["epoch"])
     rec0 = cl.metric("strata_tokens_recomputed_total")
@@ -222,7 +266,7 @@ def one_kill(cl, a, i, prompts):
                 events.append((mono, wall))
                 if not kill_at and min(progress) >= a.kill_at:
                     m0, w0 = time.monotonic(), time.time()
-                    cl.fault(victim, a.fault == "hang")
+                    cl.fault(victim, fault)
                     kill_at.append((m0, w0, list(progress)))
         try:
             out[k] = cl.stream(prompts[k], a.tokens, chunk)
@@ -238,7 +282,7 @@ def one_kill(cl, a, i, prompts):
         raise RuntimeError("kill %d: the streams ended before %d tokens each: %s" % (i, a.kill_at, out))
     m0, w0, prog = kill_at[0]
     # The coordinator's figures: the hold line (detection) and the resume line.
-    holds, serves, hold_w = [], None, None
+    holds, serves, hold_w, serve_w = [], None, None, None
     wait_for(lambda: any("recovery: epoch" in l and "serves" in l and "after the loss" in l
                          for l in cl.log() if log_time_safe(l) >= w0 - 0.002), 30)
     for l in cl.log():
@@ -253,6 +297,7 @@ def one_kill(cl, a, i, prompts):
         if "recovery: epoch" in l and "serves" in l and "after the loss" in l and log_time_safe(l) >= w0 - 0.002:
             try:
                 serves = float(l.split(" serves ", 1)[1].split(" s after", 1)[0])
+                serve_w = log_time(l)
             except (IndexError, ValueError):
                 pass
             break
@@ -263,6 +308,8 @@ def one_kill(cl, a, i, prompts):
     early = len(after) - len(resumed)
     ktnt = resumed[0][0] - m0 if resumed else None
     rec = cl.metric("strata_tokens_recomputed_total") - rec0
+    loads = cl.stage_loads(hold_w or w0, serve_w or time.time())
+    load = max((x for _, x in loads), default=None)
     n_ok = sum(1 for o in out if o and o[0] and not o[2] and o[1] == a.tokens)
     errs = [e for o in out if o for e in o[2]]
     pl1 = cl.ctl("placement", "show").get("current", {})
@@ -274,15 +321,16 @@ def one_kill(cl, a, i, prompts):
     cl.start_worker(victim)
     print("kill %d: %s %s (stage 1 of epoch %d) at %s tokens -> epoch %s %s: detection %s s%s, "
           "kill-to-next-token %s s (%d token chunk(s) already on the way skipped), recomputed %d tokens, "
-          "coordinator recovery %s s; streams %d/%d [DONE] with %d tokens%s"
-          % (i, "SIGSTOP" if a.fault == "hang" else "SIGKILL", victim, epoch0, prog,
+          "coordinator recovery %s s (stage loads %s); streams %d/%d [DONE] with %d tokens%s"
+          % (i, {"hang": "SIGSTOP", "partition": "nft drop of"}.get(fault, "SIGKILL"), victim, epoch0, prog,
              pl1.get("epoch"), ",".join("%s:%s-%s" % (s["node"], s.get("first_layer", 0), s.get("last_layer", 0))
                                          for s in pl1.get("stages", [])),
              "%.3f" % detect if detect is not None else "-", " (hung)" if hung else "",
              "%.3f" % ktnt if ktnt is not None else "-", early, rec,
-             "%.2f" % serves if serves is not None else "-", n_ok, len(out), a.tokens,
+             "%.2f" % serves if serves is not None else "-",
+             ", ".join("%s %.2f s" % x for x in loads) or "none", n_ok, len(out), a.tokens,
              "; errors: %s" % errs[:2] if errs else ""), flush=True)
-    return detect, ktnt, rec, serves, n_ok == len(out)
+    return detect, ktnt, rec, serves, n_ok == len(out), load
 
 
 def log_time_safe(l):
@@ -292,7 +340,7 @@ def log_time_safe(l):
         return 0.0
 
 
-def header(a, cl):
+def header(a, cl, fault):
     cpu = "?"
     try:
         with open("/proc/cpuinfo") as f:
@@ -307,29 +355,93 @@ def header(a, cl):
                                 cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except OSError:
         commit = "?"
-    print("# failover: %d kill(s), fault %s (%s the worker holding stage 1)"
-          % (a.kills, a.fault, "SIGSTOP, later SIGCONT + SIGKILL," if a.fault == "hang" else "SIGKILL"))
+    how = {"hang": "SIGSTOP, later SIGCONT + SIGKILL,",
+           "partition": "nft dropping every packet of the namespace of"}.get(fault, "SIGKILL")
+    print("# failover: %d kill(s), fault %s (%s the worker holding stage 1)" % (a.kills, fault, how))
     print("# machine: %s, %d CPU(s), %s, load average %s; commit %s, build %s"
           % (cpu, os.cpu_count() or 0, platform.platform(), " ".join("%.2f" % x for x in os.getloadavg()),
              commit or "?", os.path.abspath(a.build)))
-    print("# model: %s (%d bytes); live mode, 3 workers on loopback (PP 2 + 1 spare, 1 thread each), UCX_TLS=%s"
-          % (cl.model, os.path.getsize(cl.model), cl.env.get("UCX_TLS")))
+    print("# model: %s (%d bytes); live mode, 3 workers %s (PP 2 + 1 spare, %d thread(s) each), UCX_TLS=%s"
+          % (cl.model, os.path.getsize(cl.model),
+             "each in its own network namespace (veth + bridge)" if cl.nb else "on loopback",
+             a.threads, cl.env.get("UCX_TLS")))
     print("# load: %d greedy SSE streams of %d tokens (ignore_eos), fault once every stream has %d tokens; "
           "heartbeat %d ms, dead after %d ms" % (a.streams, a.tokens, a.kill_at, HB_MS, DEAD_MS), flush=True)
+
+
+def run_fault(a, fault, prompts):
+    """a.kills faults of one kind on a fresh cluster: the per-kill results, 0
+    or 1 (stopped early), and the figures' table printed."""
+    nb = cl = None
+    res = []
+    rc = 0
+    try:
+        if fault == "partition":
+            why = netns_unavailable()
+            if why:
+                print("# failover: partition skipped: %s" % why, flush=True)
+                return res, 0
+            nb = NetnsBridge()
+        cl = Cluster(a, nb)
+        header(a, cl, fault)
+        cl.start_worker("w-a")
+        cl.start_worker("w-b")
+        if not wait_for(lambda: cl.ctl("status").get("serving"), 600, 0.1):
+            raise RuntimeError("w-a, w-b do not serve within 600 s")
+        cl.start_worker("w-c")
+        for i in range(1, a.kills + 1):
+            res.append(one_kill(cl, a, fault, i, prompts))
+        # The last restarted worker registers before everything stops.
+        wait_for(cl.steady, 600, 0.1)
+    except BaseException as e:  # noqa: BLE001 - reported, the processes stopped below
+        print("failover: stopped: %r (logs in %s)" % (e, cl.tmp if cl else "-"), flush=True)
+        rc = 1
+        if isinstance(e, KeyboardInterrupt):
+            raise
+    finally:
+        rcs = cl.stop() if cl else {}
+        if nb:
+            nb.close()
+        print("processes stopped: %s" % rcs, flush=True)
+        if cl and not a.keep and rc == 0:
+            shutil.rmtree(cl.tmp, ignore_errors=True)
+        elif cl:
+            print("logs: %s" % cl.tmp)
+    if res:
+        det = [r[0] for r in res if r[0] is not None]
+        ktnt = [r[1] for r in res if r[1] is not None]
+        rec = [r[2] for r in res]
+        srv = [r[3] for r in res if r[3] is not None]
+        load = [r[5] for r in res if r[5] is not None]
+        share = [r[5] / (r[0] + r[3]) for r in res if r[5] is not None and r[0] and r[3] is not None]
+        print("%-28s %9s %9s  raw" % ("figure (%d kills, %s)" % (len(res), fault), "p50", "p99"))
+        for name, xs, fmt in (("detection (s)", det, "%.3f"), ("kill-to-next-token (s)", ktnt, "%.3f"),
+                              ("tokens recomputed", rec, "%.0f"), ("coordinator recovery (s)", srv, "%.2f"),
+                              ("stage load (s)", load, "%.2f"),
+                              ("load / (detection+recovery)", share, "%.2f")):
+            print("%-28s %9s %9s  [%s]" % (name, fmt % pct(xs, 50), fmt % pct(xs, 99),
+                                            ", ".join(fmt % x for x in xs)))
+        bad = sum(1 for r in res if not r[4])
+        print("kills whose streams did not all end with [DONE] and all %d tokens: %d of %d"
+              % (a.tokens, bad, len(res)), flush=True)
+    return res, rc
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--kills", type=int, default=10)
-    ap.add_argument("--fault", choices=["crash", "hang"], default="crash")
+    ap.add_argument("--fault", choices=["crash", "hang", "partition", "all"], default="crash")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=400)
     ap.add_argument("--kill-at", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
+    ap.add_argument("--model", default=None, help="GGUF model (default: stories260K of --shared)")
     ap.add_argument("--shared", default=os.environ.get("STRATA_SHARED") or
                     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared"))
     ap.add_argument("--keep", action="store_true", help="keep the logs' directory")
     a = ap.parse_args()
+    a.model = a.model or os.path.join(a.shared, "models", "stories260K.gguf")
     with open(os.path.join(a.shared, "reference", "stories260K-greedy.json")) as f:
         refs = json.load(f)
     prompts = [refs[k % len(refs)]["prompt"] for k in range(a.streams)]
@@ -337,43 +449,13 @@ def main():
     def on_term(sig, frame):
         raise KeyboardInterrupt("signal %d" % sig)
     signal.signal(signal.SIGTERM, on_term)
-    cl = None
-    res = []
     rc = 0
     try:
-        cl = Cluster(a)
-        header(a, cl)
-        cl.start_worker("w-a")
-        cl.start_worker("w-b")
-        if not wait_for(lambda: cl.ctl("status").get("serving"), 120, 0.1):
-            raise RuntimeError("w-a, w-b do not serve within 120 s")
-        cl.start_worker("w-c")
-        for i in range(1, a.kills + 1):
-            res.append(one_kill(cl, a, i, prompts))
-        # The last restarted worker registers before everything stops.
-        wait_for(cl.steady, 60, 0.1)
-    except BaseException as e:  # noqa: BLE001 - reported, the processes stopped below
-        print("failover: stopped: %r (logs in %s)" % (e, cl.tmp if cl else "-"), flush=True)
+        for fault in (["crash", "hang", "partition"] if a.fault == "all" else [a.fault]):
+            rc |= run_fault(a, fault, prompts)[1]
+    except KeyboardInterrupt as e:
+        print("failover: interrupted: %s" % e, flush=True)
         rc = 1
-    finally:
-        rcs = cl.stop() if cl else {}
-    if res:
-        det = [r[0] for r in res if r[0] is not None]
-        ktnt = [r[1] for r in res if r[1] is not None]
-        rec = [r[2] for r in res]
-        srv = [r[3] for r in res if r[3] is not None]
-        print("%-28s %9s %9s  raw" % ("figure (%d kills, %s)" % (len(res), a.fault), "p50", "p99"))
-        for name, xs, fmt in (("detection (s)", det, "%.3f"), ("kill-to-next-token (s)", ktnt, "%.3f"),
-                              ("tokens recomputed", rec, "%.0f"), ("coordinator recovery (s)", srv, "%.2f")):
-            print("%-28s %9s %9s  [%s]" % (name, fmt % pct(xs, 50), fmt % pct(xs, 99),
-                                            ", ".join(fmt % x for x in xs)))
-        bad = sum(1 for r in res if not r[4])
-        print("kills whose streams did not all end with [DONE] and all %d tokens: %d of %d" % (a.tokens, bad, len(res)))
-    print("processes stopped: %s" % rcs, flush=True)
-    if cl and not a.keep and rc == 0:
-        shutil.rmtree(cl.tmp, ignore_errors=True)
-    elif cl:
-        print("logs: %s" % cl.tmp)
     return rc
 
 
