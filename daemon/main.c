@@ -10,7 +10,11 @@
  * coordinator that knows its address (static cluster config).
  * Runs in the foreground. Prints "strata-worker: listening on HOST:PORT" on
  * stdout once the data plane is up (PORT is the bound one when 0 was asked).
- * SIGTERM / SIGINT stop the loop, the compute thread and the stage; exit 0.
+ * SIGTERM / SIGINT stop the loop; in live mode the worker then tells the
+ * coordinator it leaves (Leave: its stage is re-placed at once); the compute
+ * thread finishes the forward it runs and the stage closes; exit 0.
+ * systemd: READY=1 once listening, STATUS= lines, WATCHDOG=1 from the loop
+ * (common/notify.h).
  * A bad flag or a listen failure: one line on stderr, exit 2 / 1.
  */
 #include <event2/event.h>
@@ -24,13 +28,10 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/notify.h"
+#include "common/version.h"
 #include "daemon/registration.h"
 #include "daemon/worker.h"
-#ifdef STRATA_HAVE_SYSTEMD /* sd_notify: READY=1 / STOPPING=1 for Type=notify (systemd/strata-worker.service) */
-#include <systemd/sd-daemon.h>
-#else
-#define sd_notify(unset_environment, state) ((void)0)
-#endif
 
 #define MAX_MODELS 64
 #define LOAD_PERIOD_MS 500
@@ -75,7 +76,8 @@ static void usage(FILE *f)
             "  --memory BYTES      memory to advertise for placement (suffix K, M, G; default MemTotal)\n"
             "  --grpc-ca FILE      cluster CA: mutual TLS to the coordinator (default $STRATA_CA)\n"
             "  --grpc-cert FILE    this node's certificate, CN node:NAME (default $STRATA_CERT)\n"
-            "  --grpc-key FILE     its private key (default $STRATA_KEY); docs/security.md\n");
+            "  --grpc-key FILE     its private key (default $STRATA_KEY); docs/security.md\n"
+            "  --version           print the version, git commit and build type\n");
 }
 
 static int bad(const char *fmt, const char *arg)
@@ -139,6 +141,7 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
                                          {"model-dir", required_argument, 0, 'D'},
                                          {"memory", required_argument, 0, 'M'},
                                          {"help", no_argument, 0, 'h'},
+                                         {"version", no_argument, 0, 'V'},
                                          {0, 0, 0, 0}};
     int rc;
     opterr = 0;
@@ -178,6 +181,7 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
             if (parse_bytes(optarg, &o->memory)) return bad("--memory '%s' is not a byte count (e.g. 8G)", optarg);
             break;
         case 'h': usage(stdout); return 0;
+        case 'V': st_version_print(stdout, "strata-worker"); return 0;
         default: return bad("unknown or incomplete option '%s'", argv[optind - 1]);
         }
     }
@@ -203,8 +207,10 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
 
 struct load_tick {
     worker *w;
-    reg_client *reg;
+    reg_client *reg; /* live mode; NULL in static mode */
     struct event *ev;
+    const char *stop_signal; /* set by on_signal: "SIGTERM" / "SIGINT" */
+    struct event_base *base;
 };
 
 static void on_load_tick(evutil_socket_t fd, short what, void *arg)
@@ -218,14 +224,24 @@ static void on_load_tick(evutil_socket_t fd, short what, void *arg)
                    .busy_seconds = wl.busy_seconds,
                    .uptime_seconds = wl.uptime_seconds,
                    .bytes_sent = wl.bytes_sent};
-    reg_set_load(t->reg, &rl);
+    if (t->reg) reg_set_load(t->reg, &rl);
+    if (wl.n_stages)
+        st_notify_status("serving %d stage(s): %u sequence(s), %u/%d KV blocks used%s", wl.n_stages,
+                         wl.running_sequences, wl.kv_blocks_used, wl.kv_blocks,
+                         t->reg && !reg_registered(t->reg) ? "; not registered" : "");
+    else
+        st_notify_status(t->reg ? (reg_registered(t->reg) ? "registered; no stage assigned" : "registering")
+                                : "waiting for a coordinator to assign a stage");
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
-    ST_INFO("worker: signal %d, shutting down", (int)sig);
-    sd_notify(0, "STOPPING=1");
-    event_base_loopbreak(arg);
+    struct load_tick *t = arg;
+    t->stop_signal = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    ST_INFO("worker: %s, shutting down%s", t->stop_signal, t->reg ? "; leaving the cluster" : "");
+    st_notify_stopping();
+    st_notify_status("stopping (%s)", t->stop_signal);
+    event_base_loopbreak(t->base);
 }
 
 /* Live mode: registers with the coordinator (daemon/registration.h) and
@@ -249,10 +265,8 @@ static int start_live(const struct worker_cli *o, struct event_base *base, struc
                    .key = o->grpc_key};
     st_err err;
     tick->reg = reg_start(&ro, &err);
-    tick->ev = tick->reg ? event_new(base, -1, EV_PERSIST, on_load_tick, tick) : NULL;
-    struct timeval tv = {0, LOAD_PERIOD_MS * 1000};
-    if (!tick->reg || !tick->ev || event_add(tick->ev, &tv)) {
-        fprintf(stderr, "strata-worker: error: %s\n", tick->reg ? "cannot create the load timer" : err.msg);
+    if (!tick->reg) {
+        fprintf(stderr, "strata-worker: error: %s\n", err.msg);
         return -1;
     }
     return 0;
@@ -283,21 +297,39 @@ static int run(const struct worker_cli *o)
         return 1;
     }
     int rc = 1;
-    struct event *sig_term = evsignal_new(base, SIGTERM, on_signal, base);
-    struct event *sig_int = evsignal_new(base, SIGINT, on_signal, base);
-    struct load_tick tick = {w, NULL, NULL};
+    struct load_tick tick = {w, NULL, NULL, NULL, base};
+    struct event *sig_term = evsignal_new(base, SIGTERM, on_signal, &tick);
+    struct event *sig_int = evsignal_new(base, SIGINT, on_signal, &tick);
+    st_watchdog *wd = NULL;
     if (!sig_term || !sig_int || event_add(sig_term, NULL) || event_add(sig_int, NULL)) {
         fprintf(stderr, "strata-worker: error: cannot install signal handlers\n");
         goto out;
     }
     ST_INFO("worker: listening on %s:%d", o->host, worker_port(w));
     if (o->coordinator && start_live(o, base, &tick)) goto out;
+    /* Load for the heartbeats (live mode) and the STATUS= line. */
+    tick.ev = event_new(base, -1, EV_PERSIST, on_load_tick, &tick);
+    struct timeval tv = {0, LOAD_PERIOD_MS * 1000};
+    if (!tick.ev || event_add(tick.ev, &tv)) {
+        fprintf(stderr, "strata-worker: error: cannot create the load timer\n");
+        goto out;
+    }
     printf("strata-worker: listening on %s:%d\n", o->host, worker_port(w));
     fflush(stdout);
-    sd_notify(0, "READY=1");
+    wd = st_watchdog_start(base);
+    st_notify_ready();
+    on_load_tick(-1, 0, &tick);
 
     rc = event_base_dispatch(base) < 0 ? 1 : 0;
+    /* A signal: leave the cluster first (the coordinator stops sending and
+     * re-places the stage), then worker_destroy lets the compute thread
+     * finish the forward it is running. */
+    if (tick.stop_signal && tick.reg) {
+        reg_leave(tick.reg, tick.stop_signal);
+        tick.reg = NULL;
+    }
 out:
+    st_watchdog_free(wd);
     reg_stop(tick.reg);
     if (tick.ev) event_free(tick.ev);
     if (sig_term) event_free(sig_term);

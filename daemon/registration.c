@@ -39,6 +39,7 @@ struct reg_client {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
+    const char *leave_reason; /* reg_leave: send Leave before the thread ends */
     reg_load load;
     int registered;
 };
@@ -193,6 +194,26 @@ static bool nap(reg_client *r, unsigned ms)
     return s;
 }
 
+/* Leave (reg_leave): the coordinator re-places this node's stage now. */
+static void send_leave(reg_client *r, rpc_client *c, uint64_t lease, const char *reason)
+{
+    Strata__V1__LeaveRequest q = STRATA__V1__LEAVE_REQUEST__INIT;
+    q.node = r->node;
+    q.lease_id = lease;
+    q.reason = (char *)reason;
+    ProtobufCMessage *out = NULL;
+    rpc_status st = {0};
+    if (unary(c, SVC "Leave", &q.base, &strata__v1__leave_reply__descriptor, &out, &st) != 0) {
+        ST_WARN("registration: Leave: %s: %s (the coordinator notices when the connection drops)",
+                rpc_code_name(st.code), st.msg);
+        return;
+    }
+    Strata__V1__LeaveReply *rep = (Strata__V1__LeaveReply *)out;
+    ST_INFO("registration: left the cluster (%s): %u stage(s) of epoch %" PRIu64 " to re-place", reason,
+            rep->stages_lost, rep->placement_epoch);
+    protobuf_c_message_free_unpacked(out, NULL);
+}
+
 static void *reg_main(void *arg)
 {
     reg_client *r = arg;
@@ -277,6 +298,10 @@ static void *reg_main(void *arg)
         }
         protobuf_c_message_free_unpacked(out, NULL);
     }
+    pthread_mutex_lock(&r->mu);
+    const char *reason = r->leave_reason;
+    pthread_mutex_unlock(&r->mu);
+    if (reason && lease) send_leave(r, c, lease, reason);
     rpc_client_destroy(c);
     return NULL;
 }
@@ -357,6 +382,15 @@ int reg_registered(reg_client *r)
     int v = r->registered;
     pthread_mutex_unlock(&r->mu);
     return v;
+}
+
+void reg_leave(reg_client *r, const char *reason)
+{
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->leave_reason = reason ? reason : "shutting down";
+    pthread_mutex_unlock(&r->mu);
+    reg_stop(r);
 }
 
 void reg_stop(reg_client *r)

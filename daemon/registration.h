@@ -60,6 +60,11 @@ void reg_set_load(reg_client *r, const reg_load *l);
 int reg_registered(reg_client *r);
 /* Stops and joins the thread (a call in flight ends within its deadline). NULL ok. */
 void reg_stop(reg_client *r);
+/* As reg_stop, but first tells the coordinator that this node leaves
+ * (strata.v1.Control/Leave with reason, when registered): its stage is
+ * re-placed at once (coordinator/control/leave.c). Blocks up to one call
+ * deadline (2 s) more. NULL ok. */
+void reg_leave(reg_client *r, const char *reason);
 
 /* sha256 of a file as 64 lowercase hex digits into hex[65] (with the FILE.sha256
  * cache described above). */

@@ -3,7 +3,7 @@
  *
  * With mutual TLS the caller is the subject CN of its verified client
  * certificate (rpc_call_peer), in one of two forms:
- *   "node:NAME"     a worker: Register and Heartbeat, as node NAME only;
+ *   "node:NAME"     a worker: Register, Heartbeat and Leave, as node NAME only;
  *   "operator:WHO"  an operator (stratactl): every other call.
  * A node certificate cannot call operator methods, an operator certificate
  * cannot register a node, and a CN of any other form can call nothing.
@@ -22,7 +22,7 @@
 #include "rpc/grpc_server.h"
 
 enum ctl_role {
-    CTL_ROLE_NODE = 1,     /* Register, Heartbeat */
+    CTL_ROLE_NODE = 1,     /* Register, Heartbeat, Leave */
     CTL_ROLE_OPERATOR = 2, /* everything else */
 };
 

@@ -121,6 +121,9 @@ int ctl_held_ids(const ctl_service *s, const run *r, char *buf, size_t cap);
 void ctl_run_on_lost(void *ud, int stage, const char *msg);
 void ctl_recovery_tick(ctl_service *s, double t);
 
+/* leave.c */
+void ctl_h_leave(rpc_call *c, const rpc_request *req, void *ud);
+
 /* placement_rpc.c */
 void ctl_h_get_placement(rpc_call *c, const rpc_request *req, void *ud);
 void ctl_h_set_placement(rpc_call *c, const rpc_request *req, void *ud);

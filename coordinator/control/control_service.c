@@ -462,7 +462,7 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
     if (!(s->srv = rpc_server_create(o->grpc_listen, s->tls ? &tls : NULL, err)) ||
         !(s->loop = rpc_loop_create(base, err)))
         goto fail;
-    /* Register and Heartbeat check the node name themselves (authz.h); every
+    /* Register, Heartbeat and Leave check the node name themselves (authz.h); every
      * other call is an operator's, checked by h_operator before its handler. */
     static const struct {
         const char *name;
@@ -473,6 +473,7 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
     } methods[] = {
         {SVC "Register", RPC_KIND_UNARY, h_register, false, &strata__v1__register_request__descriptor},
         {SVC "Heartbeat", RPC_KIND_UNARY, h_heartbeat, false, &strata__v1__heartbeat_request__descriptor},
+        {SVC "Leave", RPC_KIND_UNARY, ctl_h_leave, false, &strata__v1__leave_request__descriptor},
         {SVC "GetStatus", RPC_KIND_UNARY, h_status, true, &strata__v1__get_status_request__descriptor},
         {SVC "ListNodes", RPC_KIND_UNARY, h_list_nodes, true, &strata__v1__list_nodes_request__descriptor},
         {SVC "GetPlacement", RPC_KIND_UNARY, ctl_h_get_placement, true, &strata__v1__get_placement_request__descriptor},

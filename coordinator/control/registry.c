@@ -139,6 +139,15 @@ int registry_tick(registry *r, double now) {
     return changed;
 }
 
+int registry_leave(registry *r, const char *name, uint64_t lease, st_err *err) {
+    reg_node *n = registry_find(r, name);
+    if (!n || !n->state || !lease || n->lease != lease)
+        return st_errf(err, "unknown node \"%s\" or lease", name);
+    n->state = REG_DEAD;
+    n->lease = 0;
+    return 0;
+}
+
 int registry_undrain(registry *r, const char *name, st_err *err) {
     reg_node *n = registry_find(r, name);
     if (!n || !n->state) return st_errf(err, "unknown node \"%s\"", name);

@@ -115,6 +115,12 @@ uint32_t registry_missed(const registry *r, const reg_node *n, double now);
  * not draining ("node-a is ready, not draining"). */
 int registry_undrain(registry *r, const char *name, st_err *err);
 
+/* Leave (the worker shuts down): the node turns DEAD and its lease is
+ * revoked at once, as after the heartbeat timeout; it joins again by
+ * registering. -1 + err for an unknown node or a lease that is not its
+ * current one. */
+int registry_leave(registry *r, const char *name, uint64_t lease, st_err *err);
+
 /* Usable for placement: registered or ready, and not draining. */
 bool registry_usable(const reg_node *n);
 

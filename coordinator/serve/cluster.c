@@ -1505,3 +1505,8 @@ int cluster_request_ids(const cluster *c, uint64_t *ids, int cap, int64_t *token
 }
 
 void cluster_fail_requests(cluster *c, const char *message) { fail_all(c, message); }
+
+void cluster_stage_leaving(cluster *c, int i, const char *message) {
+    if (!c->ready || c->lost || i < 0 || i >= c->n_stages) return;
+    stage_lost(c, &c->links[i], message);
+}

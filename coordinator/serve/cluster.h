@@ -172,6 +172,11 @@ bool cluster_is_lost(const cluster *c);
 /* The requests held: their ids (up to cap into ids; the count is returned)
  * and the tokens a move would re-prefill (prompt + generated, summed). */
 int cluster_request_ids(const cluster *c, uint64_t *ids, int cap, int64_t *tokens);
+/* The worker of stage i announced that it is leaving (live mode: the Leave
+ * call, coordinator/control/leave.c): the stage is lost now, exactly as when
+ * its connection drops (hold mode: on_lost), without waiting for the drop.
+ * No-op unless the cluster is ready and not lost yet. */
+void cluster_stage_leaving(cluster *c, int i, const char *message);
 /* Every request ends with ERROR and `message`. */
 void cluster_fail_requests(cluster *c, const char *message);
 
