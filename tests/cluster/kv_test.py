@@ -24,13 +24,24 @@ MODE
             Then the same on a cluster started with --no-prefix-caching: the
             same completions, no hits, every prompt token prefilled.
 
+  restart   static recovery with the prefix cache: PP 2, 5 greedy streams of
+            120 tokens sharing the system prompt, run once (filling the
+            cache), then again: mid-stream (20 tokens each) stage 1's worker
+            is SIGKILLed and restarted on its port. Its KV cache is empty, so
+            the coordinator forgets its prefix cache before resuming: every
+            stream ends with the tokens of the first run; requests afterwards
+            map the cache again (hits counted) and are still identical.
+
 Every process is started and always stopped by the test, by pid; every wait
 is bounded; no timing is asserted.
 """
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -216,14 +227,59 @@ def mode_prefix(args):
           "--no-prefix-caching: no hits, every prompt token prefilled (%s)" % d_off)
 
 
+def mode_restart(args):
+    n_tok, kill_at = 120, 20
+    prompts = [SYSTEM + q + "." for q in QUESTIONS[:5]]
+    cl = Cluster(args, [{"tp": 1}, {"tp": 1}], coord_args=["--recovery-timeout", "120"])
+    try:
+        cl.start()
+        base = stream_all(cl.http_port, prompts, n_tok)
+        check(all(o[0] and not o[2] and len(o[1]) == n_tok for o in base),
+              "first run: %d streams of %d tokens, [DONE], no error event" % (len(prompts), n_tok))
+        base = [o[1] for o in base]
+        m0 = metrics(cl)
+        lock = threading.Lock()
+        at = []
+
+        def on_progress(progress):
+            with lock:
+                if not at and min(progress) >= kill_at:
+                    victim = [p for n, p in cl.procs if n == "worker1"][0]
+                    victim.kill()
+                    victim.wait(30)
+                    cl.restart_worker(1)
+                    at.append(list(progress))
+        out = stream_all(cl.http_port, prompts, n_tok, on_progress)
+        check(bool(at) and max(at[0]) < n_tok, "worker1 killed and restarted mid-stream at %s" % at)
+        check_streams(out, base, "after the restart: ")
+        m1 = metrics(cl)
+        hits = m1.get("strata_prefix_cache_hits_total", 0) - m0.get("strata_prefix_cache_hits_total", 0)
+        check(hits > 0, "the second run mapped cached blocks before the kill (%d tokens)" % hits)
+        with open(cl.co_log, errors="replace") as f:
+            steps = [l.rstrip() for l in f if "recovery:" in l]
+        check(any("resumed %d request(s)" % len(prompts) in l for l in steps),
+              "the coordinator resumed the %d requests" % len(prompts))
+        again = stream_all(cl.http_port, prompts[:3], 32)
+        m2 = metrics(cl)
+        check(all(o[0] and not o[2] and o[1] == b[:32] for o, b in zip(again, base)),
+              "requests after the recovery equal the first run")
+        check(m2.get("strata_prefix_cache_hits_total", 0) > m1.get("strata_prefix_cache_hits_total", 0),
+              "and map the cache refilled after the recovery")
+    finally:
+        rcs = cl.stop()
+        print("exit statuses: %s" % rcs)
+        if FAILS:
+            cl.dump_logs()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["preempt", "prefix"])
+    ap.add_argument("mode", choices=["preempt", "prefix", "restart"])
     for a in ("coordinator", "worker", "shared"):
         ap.add_argument("--" + a, required=True)
     args = ap.parse_args()
     try:
-        {"preempt": mode_preempt, "prefix": mode_prefix}[args.mode](args)
+        {"preempt": mode_preempt, "prefix": mode_prefix, "restart": mode_restart}[args.mode](args)
     except Exception as e:  # noqa: BLE001
         check(False, "exception: %r" % e)
     print("%d failure(s)" % len(FAILS))
