@@ -7,11 +7,16 @@
  * gracefully (coordinator/lifecycle.h, --shutdown-grace) and exits 0.
  *
  *   strata-coordinator --config FILE [--listen HOST:PORT] [--ready-timeout S]
+ *                      [--api-key-file F] [--tls-cert F --tls-key F] [--insecure] ...
  *   strata-coordinator --live --config FILE [--grpc-listen H:P] [--state FILE]
  *                      [--grpc-ca F --grpc-cert F --grpc-key F] [--insecure] ...
  *
  * --live: the config has no stages; workers register over gRPC and the
  * placement is live (coordinator/control/control_service.h, docs/control-api.md).
+ *
+ * The HTTP API needs an API key (--api-key-file, STRATA_API_KEY) to listen
+ * on a non-loopback address, unless --insecure (common/exposure.h,
+ * docs/security.md); without one it exits with status 1 before starting.
  *
  * main() reads as a table of contents: parse_opts, then run, which loads the
  * config and the model, starts the engine (the cluster, or the live control
@@ -67,6 +72,19 @@ static void usage(FILE *f) {
             "  --log-level L       error, warn, info (default; or $STRATA_LOG) or debug\n"
             "  --no-prefix-caching do not reuse the KV blocks of shared prompt prefixes\n"
             "                      (overrides [cluster] prefix_caching; docs/cluster-config.md)\n"
+            "  --insecure          allow listening on a non-loopback address without credentials\n"
+            "                      (HTTP API, gRPC control API; a warning at every start)\n"
+            "HTTP API security (docs/security.md; each overrides its [cluster] key):\n"
+            "  --api-key-file FILE API keys, one per line (NAME:KEY or KEY; '#' comments); clients\n"
+            "                      send 'Authorization: Bearer KEY'. STRATA_API_KEY adds one key\n"
+            "  --protect-metrics   /metrics and the probes need a key too (default: open)\n"
+            "  --tls-cert FILE     serve HTTPS with this PEM certificate chain ...\n"
+            "  --tls-key FILE      ... and this PEM private key\n"
+            "  --max-connections N open connections; more are closed at once (1024)\n"
+            "  --header-timeout S  seconds for a request's headers (10)\n"
+            "  --body-timeout S    seconds for a request's body (60)\n"
+            "  --idle-timeout S    seconds a keep-alive connection may wait between requests (60)\n"
+            "  --max-requests-per-key N  completions queued + running per key; 0 = no limit (128)\n"
             "live mode (workers register; docs/control-api.md):\n"
             "  --live              the config lists no stages; placement is automatic / via gRPC\n"
             "  --grpc-listen H:P   gRPC control API address (127.0.0.1:7070)\n"
@@ -74,8 +92,6 @@ static void usage(FILE *f) {
             "                      overrides [cluster] grpc_ca; docs/security.md)\n"
             "  --grpc-cert FILE    the coordinator's certificate (overrides [cluster] grpc_cert)\n"
             "  --grpc-key FILE     its private key (overrides [cluster] grpc_key)\n"
-            "  --insecure          allow listening on a non-loopback address without credentials\n"
-            "                      (a warning at every start)\n"
             "  --state FILE        cluster state file (./strata-state.json)\n"
             "  --heartbeat-ms N    worker heartbeat interval (1000)\n"
             "  --dead-after-ms N   no heartbeat this long: the node is dead (10000)\n"
@@ -97,7 +113,37 @@ typedef struct coord_opts {
     const char *grpc_ca, *grpc_cert, *grpc_key; /* NULL: the config's */
     bool insecure;
     long heartbeat_ms, dead_after_ms, min_workers;
+    /* HTTP API security: NULL / < 0 = the config's */
+    const char *api_key_file, *tls_cert, *tls_key;
+    bool protect_metrics;
+    long max_connections, max_requests_per_key;
+    double header_timeout, body_timeout, idle_timeout;
 } coord_opts;
+
+/* Long options without a short form. */
+enum {
+    OPT_API_KEY_FILE = 256,
+    OPT_PROTECT_METRICS,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_MAX_CONNECTIONS,
+    OPT_HEADER_TIMEOUT,
+    OPT_BODY_TIMEOUT,
+    OPT_IDLE_TIMEOUT,
+    OPT_MAX_REQUESTS_PER_KEY,
+};
+
+/* A number in (lo, hi] from optarg, or -1 after a message. */
+static int opt_number(const char *name, const char *arg, double lo, double hi, double *out) {
+    char *end;
+    double v = strtod(arg, &end);
+    if (!*arg || *end || !(v > lo) || !(v <= hi)) {
+        fprintf(stderr, "strata-coordinator: --%s: not a number in (%g, %g]: %s\n", name, lo, hi, arg);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
 
 /* Parses argv into *o. Returns -1 to go on, else the exit status (0 for
  * --help, 2 for a bad command line). */
@@ -108,7 +154,9 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                       .state_path = "strata-state.json",
                       .heartbeat_ms = 1000,
                       .dead_after_ms = 10000,
-                      .min_workers = 1};
+                      .min_workers = 1,
+                      .max_connections = -1,
+                      .max_requests_per_key = -1};
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
                                           {"live", no_argument, NULL, 'L'},
                                           {"grpc-listen", required_argument, NULL, 'g'},
@@ -127,6 +175,16 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                                           {"version", no_argument, NULL, 'V'},
                                           {"log-level", required_argument, NULL, 'Y'},
                                           {"no-prefix-caching", no_argument, NULL, 'P'},
+                                          {"api-key-file", required_argument, NULL, OPT_API_KEY_FILE},
+                                          {"protect-metrics", no_argument, NULL, OPT_PROTECT_METRICS},
+                                          {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+                                          {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+                                          {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
+                                          {"header-timeout", required_argument, NULL, OPT_HEADER_TIMEOUT},
+                                          {"body-timeout", required_argument, NULL, OPT_BODY_TIMEOUT},
+                                          {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
+                                          {"max-requests-per-key", required_argument, NULL,
+                                           OPT_MAX_REQUESTS_PER_KEY},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int c;
@@ -195,6 +253,34 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                 return 2;
             }
             *(c == 'H' ? &o->heartbeat_ms : c == 'D' ? &o->dead_after_ms : &o->min_workers) = v;
+            break;
+        }
+        case OPT_API_KEY_FILE: o->api_key_file = optarg; break;
+        case OPT_PROTECT_METRICS: o->protect_metrics = true; break;
+        case OPT_TLS_CERT: o->tls_cert = optarg; break;
+        case OPT_TLS_KEY: o->tls_key = optarg; break;
+        case OPT_HEADER_TIMEOUT:
+            if (opt_number("header-timeout", optarg, 0, 3600, &o->header_timeout) != 0) return 2;
+            break;
+        case OPT_BODY_TIMEOUT:
+            if (opt_number("body-timeout", optarg, 0, 3600, &o->body_timeout) != 0) return 2;
+            break;
+        case OPT_IDLE_TIMEOUT:
+            if (opt_number("idle-timeout", optarg, 0, 86400, &o->idle_timeout) != 0) return 2;
+            break;
+        case OPT_MAX_CONNECTIONS:
+        case OPT_MAX_REQUESTS_PER_KEY: {
+            double v;
+            bool conns = c == OPT_MAX_CONNECTIONS;
+            if (opt_number(conns ? "max-connections" : "max-requests-per-key", optarg, conns ? 0 : -1,
+                           1 << 20, &v) != 0)
+                return 2;
+            if (v != (double)(long)v) {
+                fprintf(stderr, "strata-coordinator: --%s: not an integer: %s\n",
+                        conns ? "max-connections" : "max-requests-per-key", optarg);
+                return 2;
+            }
+            *(conns ? &o->max_connections : &o->max_requests_per_key) = (long)v;
             break;
         }
         case 'h': usage(stdout); return 0;
@@ -322,6 +408,27 @@ static int start_engine(struct event_base *base, const coord_opts *o, coord_conf
     return 0;
 }
 
+/* The HTTP API's keys (--api-key-file, else [cluster] api_key_file, and
+ * STRATA_API_KEY), then exposure.h's rule for its listen address. NULL after
+ * a message on stderr. */
+static http_keys *load_http_keys(const coord_opts *o, const coord_config *cfg, st_err *err) {
+    const char *file = o->api_key_file ? o->api_key_file : cfg->api_key_file;
+    int per_key = o->max_requests_per_key >= 0 ? (int)o->max_requests_per_key : cfg->max_requests_per_key;
+    http_keys *keys = http_keys_load(file, getenv("STRATA_API_KEY"), per_key, err);
+    if (!keys) {
+        fprintf(stderr, "strata-coordinator: %s\n", err->msg);
+        return NULL;
+    }
+    char addr[COORD_HOST_MAX + 16], why[600];
+    snprintf(addr, sizeof addr, strchr(cfg->http_host, ':') ? "[%s]:%d" : "%s:%d", cfg->http_host, cfg->http_port);
+    if (st_exposure_check("HTTP API", addr, http_keys_count(keys) > 0, o->insecure, why, sizeof why) != 0) {
+        fprintf(stderr, "strata-coordinator: %s\n", why);
+        http_keys_free(keys);
+        return NULL;
+    }
+    return keys;
+}
+
 /* Everything after the command line; returns the exit status. */
 static int run(const coord_opts *o) {
     st_log_set_tag("strata-coordinator"); /* SYSLOG_IDENTIFIER (docs/logging.md) */
@@ -338,6 +445,7 @@ static int run(const coord_opts *o) {
     struct event_base *base = NULL;
     lifecycle *life = NULL;
     http_api *api = NULL;
+    http_keys *keys = NULL;
     coord_engine_owner own = {0};
     coord_model m = {0};
     struct run_state rs = {0};
@@ -346,6 +454,9 @@ static int run(const coord_opts *o) {
         fprintf(stderr, "strata-coordinator: --listen: %s\n", err.msg);
         goto out;
     }
+    /* The HTTP API's keys, and whether its address may listen without them:
+     * decided before anything starts. */
+    if (!(keys = load_http_keys(o, &cfg, &err))) goto out;
     /* The model's shape decides the placement and the context. */
     if (load_model(&cfg, o->config_path, &m, &err) != 0) goto out;
     ST_INFO("coordinator: model %s (%s): %d layers, context %d, PP %d", cfg.model_name, cfg.model,
@@ -358,14 +469,30 @@ static int run(const coord_opts *o) {
     rs.base = base;
     coord_engine engine;
     if (start_engine(base, o, &cfg, &m, &rs, &own, &engine, &err) != 0) goto out;
-    http_api_config hc = {cfg.http_host, cfg.http_port, cfg.max_body_bytes, cfg.model_name, m.n_ctx,
-                          m.chat_template, compl_tokenizer_vocab(m.vocab)};
+    http_api_config hc = {
+        .host = cfg.http_host,
+        .port = cfg.http_port,
+        .max_body_bytes = cfg.max_body_bytes,
+        .model_name = cfg.model_name,
+        .n_ctx = m.n_ctx,
+        .chat_template = m.chat_template,
+        .tokenizer = compl_tokenizer_vocab(m.vocab),
+        .keys = keys,
+        .protect_metrics = o->protect_metrics || cfg.protect_metrics,
+        .tls_cert = o->tls_cert ? o->tls_cert : cfg.http_tls_cert,
+        .tls_key = o->tls_key ? o->tls_key : cfg.http_tls_key};
+    hc.conn = (http_conn_limits){
+        .max_connections = o->max_connections > 0 ? (int)o->max_connections : cfg.max_connections,
+        .header_timeout_s = o->header_timeout > 0 ? o->header_timeout : cfg.header_timeout_s,
+        .body_timeout_s = o->body_timeout > 0 ? o->body_timeout : cfg.body_timeout_s,
+        .idle_timeout_s = o->idle_timeout > 0 ? o->idle_timeout : cfg.idle_timeout_s};
     api = http_api_create(base, &hc, &engine, &err);
     if (!api) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
         goto out;
     }
-    printf("strata-coordinator: listening on http://%s:%d\n", cfg.http_host, http_api_port(api));
+    printf("strata-coordinator: listening on %s://%s:%d\n", hc.tls_cert ? "https" : "http", cfg.http_host,
+           http_api_port(api));
     fflush(stdout);
     /* Signals, graceful shutdown, READY=1 (HTTP and gRPC listen), STATUS=, watchdog. */
     lifecycle_opts lo = {base, api, &engine, o->shutdown_grace};
@@ -378,6 +505,7 @@ static int run(const coord_opts *o) {
 out:
     lifecycle_free(life);
     http_api_destroy(api);
+    http_keys_free(keys);
     ctl_destroy(own.ctl);
     cluster_destroy(own.cl);
     tok_vocab_free(m.vocab);

@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "coordinator/api/http_conn.h"
 
 struct http_access {
     http_access_log *log;
@@ -116,7 +117,7 @@ static void on_complete(struct evhttp_request *req, void *arg) {
     access_finish(a, evhttp_request_get_response_code(req), bytes, false);
     a->req = NULL;
     if (a->held) return; /* the completion frees it at http_access_release */
-    if (a->evcon) evhttp_connection_set_closecb(a->evcon, NULL, NULL);
+    if (a->evcon) http_conn_set_closecb(a->evcon, NULL, NULL);
     access_free(a);
 }
 
@@ -141,11 +142,11 @@ http_access *http_access_start(http_access_log *l, struct evhttp_request *req) {
     a->next = l->open;
     if (l->open) l->open->prev = a;
     l->open = a;
-    evhttp_request_set_on_complete_cb(req, on_complete, a);
+    http_conn_set_on_complete(req, on_complete, a);
     a->evcon = evhttp_request_get_connection(req);
     /* One request at a time per connection (evhttp answers in order), so
      * the close callback belongs to this record until it completes. */
-    if (a->evcon) evhttp_connection_set_closecb(a->evcon, on_close, a);
+    if (a->evcon) http_conn_set_closecb(a->evcon, on_close, a);
     return a;
 }
 
@@ -164,7 +165,7 @@ void http_access_add_bytes(http_access *a, size_t n) {
 void http_access_aborted(http_access *a) {
     if (!a) return;
     access_finish(a, a->status > 0 ? a->status : 499, a->bytes, true);
-    if (a->req) evhttp_request_set_on_complete_cb(a->req, NULL, NULL);
+    if (a->req) http_conn_set_on_complete(a->req, NULL, NULL);
     a->req = NULL;
     a->evcon = NULL;
     if (!a->held) access_free(a);
@@ -181,5 +182,5 @@ void http_access_release(http_access *a) {
         access_free(a);
         return;
     }
-    if (a->evcon) evhttp_connection_set_closecb(a->evcon, on_close, a);
+    if (a->evcon) http_conn_set_closecb(a->evcon, on_close, a);
 }

@@ -20,9 +20,11 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "common/metrics.h"
 #include "coordinator/api/access_log.h"
 #include "coordinator/api/completions.h"
+#include "coordinator/api/http_framing.h"
 #include "coordinator/api/metrics_coord.h"
 #include "coordinator/api/probes.h"
 #include "coordinator/api/request_id.h"
@@ -53,6 +55,11 @@ struct http_api {
     int n_active;
     bool draining;     /* http_api_drain: admissions answer 503 + Retry-After */
     int retry_after_s;
+    http_keys *keys;      /* NULL or empty: no authentication */
+    bool protect_metrics; /* keys needed for /metrics and the probes too */
+    http_tls *tls;        /* NULL: plain HTTP */
+    http_conns *conns;    /* cap, deadlines, accept errors (http_conn.h) */
+    http_key *cur_key;    /* the key of the request being routed (handlers are synchronous) */
 };
 
 /* One choice of a completion: its own engine request (n > 1 and batched
@@ -81,6 +88,7 @@ struct call {
     double t0, t_first, t_last; /* arrival, first and latest token (monotonic seconds) */
     int n_tokens;        /* tokens delivered */
     struct event *watch; /* EOF watch on the client socket while we compute */
+    http_key *key;       /* counted in its per-key limit until freed; NULL: none */
     call *prev, *next;
 };
 
@@ -88,6 +96,7 @@ static const char *reason_phrase(int status) {
     switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
@@ -148,6 +157,7 @@ static void call_unlink(call *c) {
 }
 
 static void call_free(call *c) {
+    http_key_release(c->key);
     for (int i = 0; c->outs && i < c->n_ch; i++) compl_output_free(&c->outs[i]);
     free(c->outs);
     free(c->ch);
@@ -181,7 +191,7 @@ static int call_completion_tokens(const call *c) {
 static void call_done(call *c) {
     if (c->watch) event_free(c->watch);
     c->watch = NULL;
-    if (c->evcon) evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+    if (c->evcon) http_conn_set_closecb(c->evcon, NULL, NULL);
     http_access_release(c->acc); /* re-arms its own close watch while the answer is written */
     c->acc = NULL;
     call_unlink(c);
@@ -429,6 +439,20 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     snprintf(c->params.request_id, sizeof c->params.request_id, "%s", c->rid);
     c->meta.created = (int64_t)time(NULL);
     c->meta.model = api->model_name;
+    if (api->cur_key) {
+        if (!http_key_acquire(api->cur_key)) {
+            ST_REQ_INFO(c->rid, "http: refused (429): key '%s' has %d requests queued or running",
+                        http_key_name(api->cur_key), http_key_in_flight(api->cur_key));
+            compl_error_set(&e, 429, "rate_limit_error", NULL, "rate_limit_exceeded",
+                            "this API key already has %d requests queued or running (the per-key limit); "
+                            "retry after one finishes", http_key_in_flight(api->cur_key));
+            evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+            reply_error(api, req, &e);
+            call_free(c);
+            return;
+        }
+        c->key = api->cur_key;
+    }
     /* Every choice is its own engine request; the first refusal refuses
      * the whole call and cancels what was already submitted. */
     int rc = COORD_OK;
@@ -480,7 +504,7 @@ static void handle_generate(http_api *api, struct evhttp_request *req, bool chat
     api->n_active++;
     c->evcon = evhttp_request_get_connection(req);
     if (c->evcon) {
-        evhttp_connection_set_closecb(c->evcon, on_conn_close, c);
+        http_conn_set_closecb(c->evcon, on_conn_close, c);
         struct bufferevent *bev = evhttp_connection_get_bufferevent(c->evcon);
         evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
         if (fd >= 0) {
@@ -592,6 +616,48 @@ static void handle_models(http_api *api, struct evhttp_request *req) {
     free(s);
 }
 
+/* Probes and /metrics: open unless --protect-metrics (docs/security.md). */
+static bool open_route(const http_api *api, const char *path) {
+    if (api->protect_metrics) return false;
+    return !strcmp(path, "/health") || !strcmp(path, "/healthz") || !strcmp(path, "/livez") ||
+           !strcmp(path, "/readyz") || !strcmp(path, "/metrics");
+}
+
+/* What every request passes before its route: framing, then the API key.
+ * False when it has been answered. Sets api->cur_key. */
+static bool admit(http_api *api, struct evhttp_request *req, const char *path) {
+    api->cur_key = NULL;
+    http_conns_request_read(api->conns, req);
+    char msg[200];
+    if (http_check_framing(evhttp_request_get_input_headers(req), msg, sizeof msg) != 0) {
+        /* The body boundary is unknown: nothing after it on this connection can be trusted. */
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        reply_simple_error(api, req, 400, "invalid_request_error", "bad_framing", msg);
+        return false;
+    }
+    if (http_keys_count(api->keys) == 0 || open_route(api, path)) return true;
+    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    enum http_auth_result r = http_keys_check(api->keys, auth, &api->cur_key);
+    if (r == HTTP_AUTH_OK) return true;
+    static st_log_limit lim = ST_LOG_LIMIT_INIT(10.0);
+    unsigned long dropped = 0;
+    if (st_log_limit_allow(&lim, st_now_s(), &dropped)) {
+        char *peer = NULL;
+        ev_uint16_t port = 0;
+        struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+        if (evcon) evhttp_connection_get_peer(evcon, &peer, &port);
+        ST_INFO("http: 401 for %s from %s:%u: %s API key (%lu more refusals since the last message)", path,
+                peer ? peer : "?", (unsigned)port, r == HTTP_AUTH_MISSING ? "no" : "a wrong", dropped);
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+    reply_simple_error(api, req, 401, "invalid_request_error", "invalid_api_key",
+                       r == HTTP_AUTH_MISSING
+                           ? "You didn't provide an API key. Send it in an Authorization header: "
+                             "'Authorization: Bearer YOUR_KEY'."
+                           : "Incorrect API key provided.");
+    return false;
+}
+
 static void on_request(struct evhttp_request *req, void *arg) {
     http_api *api = arg;
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
@@ -605,6 +671,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", xrid);
         http_access_set_id(api->cur_access, xrid);
     }
+    if (!admit(api, req, path)) return;
     probes_state ps = {api->engine, api->model_name, api->draining, api->retry_after_s};
     if (probes_handle(req, path, &ps)) {
         api->cur_access = NULL;
@@ -669,6 +736,16 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
         http_api_destroy(api);
         return (void)st_errf(err, "http: out of memory"), NULL;
     }
+    api->keys = cfg->keys;
+    api->protect_metrics = cfg->protect_metrics;
+    if ((cfg->tls_cert || cfg->tls_key) && !(api->tls = http_tls_new(cfg->tls_cert, cfg->tls_key, err))) {
+        http_api_destroy(api);
+        return NULL;
+    }
+    if (!(api->conns = http_conns_new(base, api->http, &cfg->conn, api->tls, err))) {
+        http_api_destroy(api);
+        return NULL;
+    }
     if (getrandom(&api->salt, sizeof api->salt, 0) != (ssize_t)sizeof api->salt)
         api->salt = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
     /* Bodies up to max_body get an OpenAI-shaped 413 from handle_generate;
@@ -690,6 +767,7 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
                              cfg->port),
                NULL;
     }
+    http_conns_watch_listener(api->conns, sock);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) == 0) {
@@ -698,7 +776,9 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
         else if (ss.ss_family == AF_INET6)
             api->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
     }
-    ST_INFO("http: serving %s on %s:%d", api->model_name, host, api->port);
+    ST_INFO("http: serving %s on %s://%s:%d (%d API keys%s)", api->model_name, api->tls ? "https" : "http",
+            host, api->port, http_keys_count(api->keys),
+            http_keys_count(api->keys) && !api->protect_metrics ? "; /metrics and probes open" : "");
     return api;
 }
 
@@ -728,6 +808,8 @@ void http_api_destroy(http_api *api) {
     http_api_end_all(api, "the server is shutting down");
     if (api->http) evhttp_free(api->http); /* disconnects: their access lines */
     http_access_log_free(api->access);
+    http_conns_free(api->conns); /* after evhttp_free, which closes the connections through it */
+    http_tls_free(api->tls);
     coord_metrics_free(api->metrics);
     free(api->model_name);
     free(api);

@@ -26,6 +26,15 @@
  *
  * A client that disconnects before its completion is done (stream or not)
  * has its request cancelled through the engine (engine_api.h).
+ *
+ * Security (docs/security.md, "HTTP API"): with API keys (http_auth.h)
+ * every route needs "Authorization: Bearer KEY" (401 with an OpenAI error
+ * body and WWW-Authenticate: Bearer otherwise) except the probes (/health,
+ * /healthz, /livez, /readyz) and /metrics, unless protect_metrics; each key
+ * has at most max_requests_per_key completions queued or running (429 with
+ * Retry-After beyond). Requests with ambiguous framing get 400
+ * (http_framing.h). TLS, the connection cap, the read deadlines and the
+ * accept-error pauses are http_conn.h's.
  */
 #ifndef STRATA_COORDINATOR_API_HTTP_API_H
 #define STRATA_COORDINATOR_API_HTTP_API_H
@@ -35,6 +44,8 @@
 
 #include "common/err.h"
 #include "coordinator/api/completions.h"
+#include "coordinator/api/http_auth.h"
+#include "coordinator/api/http_conn.h"
 #include "coordinator/serve/engine_api.h"
 
 struct event_base;
@@ -48,9 +59,14 @@ typedef struct http_api_config {
     int n_ctx;              /* context length for max_tokens validation; 0 = no check */
     const char *chat_template; /* the GGUF's tokenizer.chat_template; NULL = none (plain) */
     compl_tokenizer tokenizer; /* prompts to token ids for the engine (compl_tokenizer_vocab) */
+    /* Security (docs/security.md). */
+    http_keys *keys;           /* API keys (http_auth.h); NULL or none = no authentication */
+    bool protect_metrics;      /* the key is needed for /metrics and the probes too */
+    const char *tls_cert, *tls_key; /* PEM files; NULL = plain HTTP */
+    http_conn_limits conn;     /* connection cap and read deadlines (http_conn.h) */
 } http_api_config;
 
-/* Binds and serves on base. The engine must outlive the server. */
+/* Binds and serves on base. The engine and cfg->keys must outlive the server. */
 http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
                           coord_engine *engine, st_err *err);
 /* Cancels every request in progress, closes the socket and frees. */

@@ -221,6 +221,30 @@ static int cluster_key(parser *p, const char *k, const char *v) {
             return fail(p, p->line, "[cluster]: listen: %s", e.msg);
         return 1;
     }
+    if (!strcmp(k, "api_key_file")) {
+        if (!*v) return fail(p, p->line, "[cluster]: api_key_file must not be empty");
+        return set_str(p, &c->api_key_file, v);
+    }
+    if (!strcmp(k, "http_tls_cert") || !strcmp(k, "http_tls_key")) {
+        if (!*v) return fail(p, p->line, "[cluster]: %s must not be empty", k);
+        return set_str(p, k[9] == 'c' ? &c->http_tls_cert : &c->http_tls_key, v);
+    }
+    if (!strcmp(k, "protect_metrics")) {
+        if (!strcmp(v, "true") || !strcmp(v, "1"))
+            c->protect_metrics = 1;
+        else if (!strcmp(v, "false") || !strcmp(v, "0"))
+            c->protect_metrics = 0;
+        else
+            return fail(p, p->line, "[cluster]: protect_metrics = '%s': expected true or false", v);
+        return 1;
+    }
+    if (!strcmp(k, "max_connections"))
+        return parse_int(p, "cluster", k, v, 1, 1 << 20, &c->max_connections);
+    if (!strcmp(k, "header_timeout")) return parse_int(p, "cluster", k, v, 1, 3600, &c->header_timeout_s);
+    if (!strcmp(k, "body_timeout")) return parse_int(p, "cluster", k, v, 1, 3600, &c->body_timeout_s);
+    if (!strcmp(k, "idle_timeout")) return parse_int(p, "cluster", k, v, 1, 86400, &c->idle_timeout_s);
+    if (!strcmp(k, "max_requests_per_key"))
+        return parse_int(p, "cluster", k, v, 0, 1 << 20, &c->max_requests_per_key);
     if (!strcmp(k, "partition")) {
         st_err e;
         if (place_parse_list(v, c->partition, PLACE_MAX_STAGES, &c->n_partition, &e) != 0)
@@ -314,6 +338,11 @@ static void set_defaults(coord_config *c) {
     c->prefill_chunk = 256;
     c->max_batch_tokens = 512;
     c->max_body_bytes = 1u << 20;
+    c->max_connections = 1024;
+    c->header_timeout_s = 10;
+    c->body_timeout_s = 60;
+    c->idle_timeout_s = 60;
+    c->max_requests_per_key = 128;
 }
 
 static char *default_model_name(const char *path) {
@@ -414,6 +443,9 @@ void coord_config_free(coord_config *cfg) {
     free(cfg->grpc_ca);
     free(cfg->grpc_cert);
     free(cfg->grpc_key);
+    free(cfg->api_key_file);
+    free(cfg->http_tls_cert);
+    free(cfg->http_tls_key);
     free(cfg->stages);
     memset(cfg, 0, sizeof *cfg);
 }

@@ -54,6 +54,16 @@ typedef struct coord_config {
     int recovery_timeout_s; /* live mode: requests held after a lost stage (docs/recovery.md); 0 = 60 */
     char *grpc_ca, *grpc_cert, *grpc_key; /* live mode: mutual TLS of the gRPC control API (PEM paths;
                                            * docs/security.md); NULL = not given */
+    /* HTTP API security (docs/security.md, "HTTP API"); the command line overrides each. */
+    char *api_key_file;      /* `api_key_file`: API keys, one per line; NULL = none */
+    char *http_tls_cert;     /* `http_tls_cert` / `http_tls_key`: PEM files; NULL = plain HTTP */
+    char *http_tls_key;
+    int protect_metrics;     /* `protect_metrics = true`: /metrics and the probes need the key too */
+    int max_connections;     /* `max_connections`: open HTTP connections; default 1024 */
+    int header_timeout_s;    /* `header_timeout`: seconds for a request's headers; default 10 */
+    int body_timeout_s;      /* `body_timeout`: seconds for its body; default 60 */
+    int idle_timeout_s;      /* `idle_timeout`: keep-alive connection between requests; default 60 */
+    int max_requests_per_key; /* `max_requests_per_key`: queued + running per API key; default 128, 0 = no limit */
     int partition[PLACE_MAX_STAGES]; /* `partition = 3,2` */
     int n_partition;     /* 0 = not given */
     coord_stage_cfg *stages; /* in pipeline order */

@@ -108,6 +108,36 @@ int main(void) {
     CHECK_EQ_INT(r[2].first, 4);
     coord_config_free(&c);
 
+    /* The HTTP API's security keys (docs/security.md) and their defaults. */
+    REQUIRE_MSG(parse("[cluster]\nmodel=m\napi_key_file = /etc/strata/api-keys\nhttp_tls_cert = c.pem\n"
+                      "http_tls_key = k.pem\nprotect_metrics = true\nmax_connections = 50\n"
+                      "header_timeout = 5\nbody_timeout = 30\nidle_timeout = 20\nmax_requests_per_key = 0\n"
+                      "[stage.0]\naddress=a:1\n", &c, &e) == 0, "%s", e.msg);
+    CHECK_EQ_STR(c.api_key_file, "/etc/strata/api-keys");
+    CHECK_EQ_STR(c.http_tls_cert, "c.pem");
+    CHECK_EQ_STR(c.http_tls_key, "k.pem");
+    CHECK_EQ_INT(c.protect_metrics, 1);
+    CHECK_EQ_INT(c.max_connections, 50);
+    CHECK_EQ_INT(c.header_timeout_s, 5);
+    CHECK_EQ_INT(c.body_timeout_s, 30);
+    CHECK_EQ_INT(c.idle_timeout_s, 20);
+    CHECK_EQ_INT(c.max_requests_per_key, 0);
+    coord_config_free(&c);
+    REQUIRE(parse("[cluster]\nmodel=m\n[stage.0]\naddress=a:1\n", &c, &e) == 0);
+    CHECK(c.api_key_file == NULL && c.http_tls_cert == NULL && c.protect_metrics == 0);
+    CHECK_EQ_INT(c.max_connections, 1024);
+    CHECK_EQ_INT(c.header_timeout_s, 10);
+    CHECK_EQ_INT(c.body_timeout_s, 60);
+    CHECK_EQ_INT(c.idle_timeout_s, 60);
+    CHECK_EQ_INT(c.max_requests_per_key, 128);
+    coord_config_free(&c);
+    expect_error("[cluster]\nmodel = m\nprotect_metrics = yes\n[stage.0]\naddress=a:1\n",
+                 "c.ini:3: [cluster]: protect_metrics = 'yes': expected true or false");
+    expect_error("[cluster]\nmodel = m\nheader_timeout = 0\n[stage.0]\naddress=a:1\n",
+                 "c.ini:3: [cluster]: header_timeout = '0': expected an integer in [1, 3600]");
+    expect_error("[cluster]\nmodel = m\napi_key_file =\n[stage.0]\naddress=a:1\n",
+                 "c.ini:3: [cluster]: api_key_file must not be empty");
+
     /* Default even split when nothing is given: 5 layers over 3 -> 2,2,1. */
     REQUIRE(parse("[cluster]\nmodel=m\n[stage.0]\naddress=a:1\n[stage.1]\naddress=b:1\n"
                   "[stage.2]\naddress=c:1\n", &c, &e) == 0);
@@ -182,6 +212,7 @@ int main(void) {
                 "%s", e.msg);
     CHECK_EQ_INT(c.n_stages, 2);
     CHECK_EQ_INT(c.stages[1].port, 7002);
+    CHECK_EQ_STR(c.http_host, "127.0.0.1"); /* the examples listen on loopback (docs/security.md) */
     REQUIRE(coord_config_placement(&c, 5, r, &e) == 0);
     CHECK_EQ_INT(r[0].last, 3);
     coord_config_free(&c);
@@ -190,6 +221,7 @@ int main(void) {
     CHECK_EQ_INT(c.n_stages, 3);
     CHECK_EQ_STR(c.stages[2].name, "node-c");
     CHECK_EQ_INT(c.act_dtype, COORD_ACT_BF16);
+    CHECK_EQ_STR(c.http_host, "127.0.0.1");
     REQUIRE(coord_config_placement(&c, 5, r, &e) == 0);
     CHECK_EQ_INT(r[2].first, 4);
     coord_config_free(&c);

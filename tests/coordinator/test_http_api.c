@@ -539,7 +539,8 @@ int main(void) {
     eng.n_script = 7;
     eng.n_ctx = 256;
     coord_engine ce = replay_engine_iface(&eng);
-    http_api_config cfg = {"127.0.0.1", 0, 1u << 20, "tiny", 256, NULL, replay_tokenizer()};
+    http_api_config cfg = {.host = "127.0.0.1", .max_body_bytes = 1u << 20, .model_name = "tiny", .n_ctx = 256,
+                           .tokenizer = replay_tokenizer()};
     st_err err;
     api = http_api_create(base, &cfg, &ce, &err);
     REQUIRE_MSG(api, "%s", err.msg);
