@@ -102,7 +102,9 @@ static frame_header *header_copy(const frame_header *h, st_err *err)
 
 /* FrameHeader sampling -> sampler params. proto3 zeros mean "unset": top_p 0
  * is 1 (off), repeat_penalty 0 is 1 (off). penalty_last_n is the repeat
- * penalty's window (0 = off); presence/frequency count the whole history. */
+ * penalty's window (0 = off, -1 = the whole history); presence/frequency
+ * count the whole history. The logit bias points into s (the job's header
+ * copy outlives the sampling). */
 static sampler_params sampling_from_frame(const frame_sampling *s)
 {
     sampler_params p = sampler_greedy_params();
@@ -117,6 +119,9 @@ static sampler_params sampling_from_frame(const frame_sampling *s)
     p.frequency_penalty = s->frequency_penalty;
     p.seed = s->seed;
     p.n_top_logprobs = s->n_top_logprobs;
+    p.n_bias = (int32_t)(s->n_bias_ids < s->n_bias_values ? s->n_bias_ids : s->n_bias_values);
+    p.bias_ids = p.n_bias ? s->bias_ids : NULL;
+    p.bias_values = p.n_bias ? s->bias_values : NULL;
     return p;
 }
 
@@ -237,7 +242,18 @@ static int check_activations(const wstage *w, const frame_header *h, size_t byte
             if (s->history[k] < 0 || s->history[k] >= in->n_vocab)
                 return st_errf(err, "seq %llu: history token %d outside the vocabulary", (unsigned long long)s->seq_id,
                                (int)s->history[k]);
+        if (s->history_prompt < 0 || (size_t)s->history_prompt > s->n_history)
+            return st_errf(err, "seq %llu: history_prompt %d of %zu history tokens",
+                           (unsigned long long)s->seq_id, (int)s->history_prompt, s->n_history);
         if (in->is_last && s->wants_logits) {
+            if (s->sampling && s->sampling->n_bias_ids != s->sampling->n_bias_values)
+                return st_errf(err, "seq %llu: %zu bias ids but %zu bias values",
+                               (unsigned long long)s->seq_id, s->sampling->n_bias_ids,
+                               s->sampling->n_bias_values);
+            for (size_t k = 0; s->sampling && k < s->sampling->n_bias_ids; k++)
+                if (s->sampling->bias_ids[k] < 0 || s->sampling->bias_ids[k] >= in->n_vocab)
+                    return st_errf(err, "seq %llu: logit bias token %d outside the vocabulary",
+                                   (unsigned long long)s->seq_id, (int)s->sampling->bias_ids[k]);
             sampler_params sp = sampling_from_frame(s->sampling);
             st_err why;
             if (sampler_params_validate(&sp, &why))
@@ -281,7 +297,8 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
                                  .sampling = sampling_from_frame(s->sampling),
                                  .step = s->step,
                                  .history = s->n_history ? s->history : NULL,
-                                 .n_history = (int32_t)s->n_history};
+                                 .n_history = (int32_t)s->n_history,
+                                 .n_history_prompt = s->history_prompt};
     }
     j->cj.batch = (stage_batch){.n_seqs = (int)c->n_seqs, .seqs = j->seqs, .n_tokens = (int32_t)T,
                                 .tokens = in->is_first ? c->token_ids : NULL};

@@ -448,7 +448,8 @@ static void rank_forward(rank_ctx *rc) {
                 OP(sampler_history_init(&h, sq->sampling.repeat_last_n, err));
                 if (rc_ == 0) {
                     hp = &h;
-                    OP(sampler_history_rebuild(&h, sq->history, (size_t)sq->n_history, err));
+                    OP(sampler_history_rebuild_prompt(&h, sq->history, (size_t)sq->n_history,
+                                                      (size_t)sq->n_history_prompt, err));
                 }
             }
             OP(sampler_tp_local_blob(&sq->sampling, rc->h_logits + j * Vl, (int32_t)pl->vocab.lo,

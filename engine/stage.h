@@ -74,11 +74,14 @@ typedef struct stage_seq {
      * sampling.n_top_logprobs = top (id, logprob) pairs wanted;
      * step = index of the token being sampled among the generated ones (0 for
      * the first; it feeds the seeded draw); history = tokens the penalties
-     * count (may be NULL/0; only read when a penalty is on). */
+     * count (may be NULL/0; only read when a penalty is on), the first
+     * n_history_prompt of them the prompt (repeat penalty only:
+     * sampler_history_rebuild_prompt). */
     sampler_params sampling;
     uint64_t step;
     const int32_t *history;
     int32_t n_history;
+    int32_t n_history_prompt;
 } stage_seq;
 
 /* A micro-batch: sequences back to back; n_tokens = sum of seqs[i].n_tokens.

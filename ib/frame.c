@@ -39,7 +39,14 @@ static int check_sampling(const frame_sampling *s, size_t i, st_err *err)
         return st_errf(err, "frame: seq %zu: repeat_penalty %g out of range", i, (double)s->repeat_penalty);
     if (!isfinite(s->presence_penalty) || !isfinite(s->frequency_penalty))
         return st_errf(err, "frame: seq %zu: penalties must be finite", i);
-    if (s->penalty_last_n < 0) return st_errf(err, "frame: seq %zu: penalty_last_n < 0", i);
+    if (s->penalty_last_n < -1) return st_errf(err, "frame: seq %zu: penalty_last_n < -1", i);
+    if (s->n_bias_ids != s->n_bias_values)
+        return st_errf(err, "frame: seq %zu: %zu bias ids, %zu bias values", i, s->n_bias_ids,
+                       s->n_bias_values);
+    for (size_t k = 0; k < s->n_bias_ids; k++)
+        if (s->bias_ids[k] < 0 || isnan(s->bias_values[k]) || s->bias_values[k] == INFINITY)
+            return st_errf(err, "frame: seq %zu: logit bias %zu (token %d, %g) invalid", i, k,
+                           (int)s->bias_ids[k], (double)s->bias_values[k]);
     if (s->n_top_logprobs < 0 || s->n_top_logprobs > FRAME_MAX_TOP_LOGPROBS)
         return st_errf(err, "frame: seq %zu: n_top_logprobs %d not in [0,%d]", i,
                        (int)s->n_top_logprobs, FRAME_MAX_TOP_LOGPROBS);
@@ -77,6 +84,9 @@ int frame_validate(const frame_header *h, size_t payload_bytes, st_err *err)
             if (s->block_table[b] < 0)
                 return st_errf(err, "frame: seq %zu: block id %d < 0", i, (int)s->block_table[b]);
         if (check_sampling(s->sampling, i, err)) return -1;
+        if (s->history_prompt < 0 || (size_t)s->history_prompt > s->n_history)
+            return st_errf(err, "frame: seq %zu: history_prompt %d of %zu history tokens", i,
+                           (int)s->history_prompt, s->n_history);
         total += s->n_tokens;
         if (total > FRAME_MAX_TOKENS)
             return st_errf(err, "frame: more than %d tokens", FRAME_MAX_TOKENS);

@@ -63,6 +63,12 @@ int sampler_params_validate(const sampler_params *p, st_err *err) {
     if (p->n_top_logprobs < 0 || p->n_top_logprobs > SAMPLER_MAX_TOP_LOGPROBS)
         return st_errf(err, "top_logprobs must be in [0, %d], got %d", SAMPLER_MAX_TOP_LOGPROBS,
                        (int)p->n_top_logprobs);
+    if (p->n_bias < 0 || (p->n_bias > 0 && (!p->bias_ids || !p->bias_values)))
+        return st_errf(err, "logit bias: %d entries without arrays", (int)p->n_bias);
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (p->bias_ids[i] < 0 || isnan(p->bias_values[i]) || p->bias_values[i] == INFINITY)
+            return st_errf(err, "logit bias %d: token %d, bias %g (ids >= 0, biases finite or -inf)",
+                           (int)i, (int)p->bias_ids[i], (double)p->bias_values[i]);
     return 0;
 }
 
@@ -82,7 +88,7 @@ static sampler_history_entry *hist_find(const sampler_history *h, int32_t id) {
 static int hist_alloc_table(sampler_history *h, uint32_t cap, st_err *err) {
     sampler_history_entry *t = malloc((size_t)cap * sizeof *t);
     if (!t) return st_errf(err, "sampler history: out of memory");
-    for (uint32_t i = 0; i < cap; i++) t[i].id = -1, t[i].total = 0, t[i].window = 0;
+    for (uint32_t i = 0; i < cap; i++) t[i].id = -1, t[i].total = 0, t[i].window = 0, t[i].prompt = 0;
     sampler_history_entry *old = h->table;
     uint32_t old_cap = h->cap;
     h->table = t;
@@ -125,25 +131,54 @@ void sampler_history_free(sampler_history *h) {
 
 void sampler_history_reset(sampler_history *h) {
     if (!h) return;
-    for (uint32_t i = 0; i < h->cap; i++) h->table[i].id = -1, h->table[i].total = 0, h->table[i].window = 0;
+    for (uint32_t i = 0; i < h->cap; i++)
+        h->table[i].id = -1, h->table[i].total = 0, h->table[i].window = 0, h->table[i].prompt = 0;
     h->n_used = 0;
     h->n_added = 0;
 }
 
-int sampler_history_add(sampler_history *h, int32_t id, st_err *err) {
-    if (!h || !h->table) return st_errf(err, "sampler history: not initialised");
-    if (id < 0) return st_errf(err, "sampler history: negative token id %d", (int)id);
+/* The entry of id, created when absent; NULL + err. */
+static sampler_history_entry *hist_entry(sampler_history *h, int32_t id, st_err *err) {
+    if (!h || !h->table) return st_errf(err, "sampler history: not initialised"), NULL;
+    if (id < 0) return st_errf(err, "sampler history: negative token id %d", (int)id), NULL;
     sampler_history_entry *e = hist_find(h, id);
     if (!e) {
-        if ((h->n_used + 1) * 2 > h->cap && hist_alloc_table(h, h->cap * 2, err) != 0) return -1;
+        if ((h->n_used + 1) * 2 > h->cap && hist_alloc_table(h, h->cap * 2, err) != 0) return NULL;
         uint32_t j = hist_hash(id) & (h->cap - 1);
         while (h->table[j].id >= 0) j = (j + 1) & (h->cap - 1);
         e = &h->table[j];
         e->id = id;
         e->total = 0;
         e->window = 0;
+        e->prompt = 0;
         h->n_used++;
     }
+    return e;
+}
+
+int sampler_history_add_prompt(sampler_history *h, int32_t id, st_err *err) {
+    sampler_history_entry *e = hist_entry(h, id, err);
+    if (!e) return -1;
+    e->prompt++;
+    return 0;
+}
+
+int sampler_history_rebuild_prompt(sampler_history *h, const int32_t *ids, size_t n,
+                                   size_t n_prompt, st_err *err) {
+    if (!h || !h->table) return st_errf(err, "sampler history: not initialised");
+    if (n > 0 && !ids) return st_errf(err, "sampler history: NULL token list");
+    if (n_prompt > n) return st_errf(err, "sampler history: %zu prompt tokens of %zu", n_prompt, n);
+    sampler_history_reset(h);
+    for (size_t i = 0; i < n; i++)
+        if ((i < n_prompt ? sampler_history_add_prompt(h, ids[i], err)
+                          : sampler_history_add(h, ids[i], err)) != 0)
+            return -1;
+    return 0;
+}
+
+int sampler_history_add(sampler_history *h, int32_t id, st_err *err) {
+    sampler_history_entry *e = hist_entry(h, id, err);
+    if (!e) return -1;
     e->total++;
     if (h->window == -1) {
         e->window = e->total;
@@ -180,6 +215,8 @@ int sampler_apply_penalties(const sampler_params *p, const sampler_history *h, f
     if (sampler_params_validate(p, err) != 0) return -1;
     if (lo < 0 || hi < lo) return st_errf(err, "sampler: bad slice [%d, %d)", (int)lo, (int)hi);
     if (hi > lo && !logits) return st_errf(err, "sampler: NULL logits");
+    for (int32_t i = 0; i < p->n_bias; i++)
+        if (p->bias_ids[i] >= lo && p->bias_ids[i] < hi) logits[p->bias_ids[i] - lo] += p->bias_values[i];
     if (!h || !h->table || h->n_used == 0) return 0;
     int rep = p->repeat_penalty != 1.0f && p->repeat_last_n != 0;
     if (rep && h->window != p->repeat_last_n)
@@ -188,10 +225,11 @@ int sampler_apply_penalties(const sampler_params *p, const sampler_history *h, f
     if (!rep && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return 0;
     for (uint32_t i = 0; i < h->cap; i++) {
         const sampler_history_entry *e = &h->table[i];
-        if (e->id < lo || e->id >= hi || e->total <= 0) continue; /* empty slots have id -1 */
+        if (e->id < lo || e->id >= hi || (e->total <= 0 && e->prompt <= 0)) continue; /* empty slots have id -1 */
         float l = logits[e->id - lo];
-        if (rep && e->window > 0) l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
-        l -= p->presence_penalty + p->frequency_penalty * (float)e->total;
+        if (rep && (e->window > 0 || e->prompt > 0))
+            l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+        if (e->total > 0) l -= p->presence_penalty + p->frequency_penalty * (float)e->total;
         logits[e->id - lo] = l;
     }
     return 0;

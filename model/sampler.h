@@ -2,8 +2,14 @@
  * min-p, a seeded split-invariant draw, and log-probabilities; both over a
  * full logits row and vocabulary-parallel across TP ranks.
  *
- * Pipeline (fixed order, as in llama.cpp's common chain / vLLM):
- *   1. penalties   on the raw logits (see sampler_apply_penalties)
+ * Pipeline (fixed order, as in vLLM's sampler; llama.cpp's common chain for
+ * the filters):
+ *   1. bias + penalties on the raw logits (see sampler_apply_penalties):
+ *                  logit_bias first (OpenAI's: l += bias, -inf masks a token:
+ *                  vLLM's min_tokens), then the repetition penalty
+ *                  (CTRL / Hugging Face / vLLM / llama.cpp: l > 0 ? l / rp :
+ *                  l * rp for every token in the history, or in its window),
+ *                  then OpenAI's presence and frequency penalties
  *   2. top-k       keep the k largest penalized logits (top_k = 0: off)
  *   3. temperature l -> l / T (T = 0: greedy argmax, steps 2..6 skipped)
  *   4. top-p       softmax over what is left; keep the shortest prefix (in
@@ -52,6 +58,14 @@ typedef struct sampler_params {
     float frequency_penalty; /* OpenAI: l -= frequency * count; 0 = off; [-2, 2] */
     uint64_t seed;
     int32_t n_top_logprobs;  /* 0..SAMPLER_MAX_TOP_LOGPROBS */
+    /* logit_bias (OpenAI): l[bias_ids[i]] += bias_values[i] before the
+     * penalties; -inf masks the token (vLLM's min_tokens uses it). Borrowed
+     * arrays of n_bias entries (NULL when 0); ids outside a slice are
+     * skipped, so the caller checks them against the vocabulary. Values are
+     * finite or -inf. */
+    const int32_t *bias_ids;
+    const float *bias_values;
+    int32_t n_bias;
 } sampler_params;
 
 /* llama.cpp's CLI defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
@@ -72,13 +86,18 @@ int sampler_params_validate(const sampler_params *p, st_err *err);
  * (presence/frequency penalties, OpenAI semantics) and `window` over the last
  * `window` tokens (repeat penalty, llama.cpp's repeat_last_n). Which tokens
  * to add is the caller's choice (llama.cpp adds the prompt too; OpenAI counts
- * the generated text). The state is rebuilt exactly from the token list
+ * the generated text). Prompt tokens added with sampler_history_add_prompt
+ * count only for the repeat penalty (`prompt`), which is how vLLM's
+ * repetition_penalty (over prompt + output) and OpenAI's presence/frequency
+ * penalties (over the output) combine: repeat_last_n -1, the prompt through
+ * add_prompt, the generated tokens through add. The state is rebuilt exactly from the token list
  * (sampler_history_rebuild), so a sequence moved to another node carries its
  * tokens, not this struct. */
 typedef struct sampler_history_entry {
     int32_t id;     /* -1 = empty slot */
     int32_t total;  /* occurrences in the whole history */
     int32_t window; /* occurrences among the last `window` tokens */
+    int32_t prompt; /* occurrences among the prompt tokens (repeat penalty only) */
 } sampler_history_entry;
 
 typedef struct sampler_history {
@@ -96,15 +115,22 @@ void sampler_history_free(sampler_history *h);
 void sampler_history_reset(sampler_history *h);
 /* id >= 0. -1 on a negative id or out of memory. */
 int sampler_history_add(sampler_history *h, int32_t id, st_err *err);
+/* A prompt token: counts for the repeat penalty only (not total/window). */
+int sampler_history_add_prompt(sampler_history *h, int32_t id, st_err *err);
 /* reset + add every token of ids[n]. */
 int sampler_history_rebuild(sampler_history *h, const int32_t *ids, size_t n, st_err *err);
+/* reset + add_prompt ids[0, n_prompt) + add ids[n_prompt, n). */
+int sampler_history_rebuild_prompt(sampler_history *h, const int32_t *ids, size_t n,
+                                   size_t n_prompt, st_err *err);
 /* Occurrences of id: in the whole history and in the window (0 when absent).
  * With window -1 the window count equals the total. */
 void sampler_history_count(const sampler_history *h, int32_t id, int32_t *total, int32_t *in_window);
 
 /* Step 1 on a slice: logits[i] holds the logit of token lo + i, i in [0, hi-lo).
- * For each history token id in [lo, hi):
- *   if window count > 0 and repeat_penalty != 1: l = l > 0 ? l / rp : l * rp
+ *   for each bias entry with id in [lo, hi): l += bias
+ * then for each history token id in [lo, hi):
+ *   if (window count > 0 or prompt count > 0) and repeat_penalty != 1:
+ *       l = l > 0 ? l / rp : l * rp
  *   l -= presence * [total > 0] + frequency * total
  * h may be NULL (no history). Errors: invalid params, a history made for a
  * different repeat_last_n while the repeat penalty is on. */

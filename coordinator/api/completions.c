@@ -182,6 +182,21 @@ static int parse_stop_token_ids(json_t *o, const compl_limits *lim, compl_reques
     return 0;
 }
 
+/* vLLM's min_tokens: the end-of-generation ids (unless ignore_eos) and the
+ * stop_token_ids cannot be sampled before min_tokens tokens. */
+static int min_tokens_mask(const compl_limits *lim, compl_request *r) {
+    const compl_tokenizer *tok = lim ? lim->tok : NULL;
+    int32_t nv = tok && tok->is_eog && !r->ignore_eos ? tok->n_vocab : 0;
+    int cap = r->n_stop_token_ids, n = 0;
+    for (int32_t id = 0; id < nv; id++) cap += tok->is_eog(tok->ctx, id);
+    if (!(r->min_tokens_mask = malloc((size_t)(cap ? cap : 1) * sizeof *r->min_tokens_mask))) return -1;
+    for (int32_t id = 0; id < nv; id++)
+        if (tok->is_eog(tok->ctx, id)) r->min_tokens_mask[n++] = id;
+    for (int i = 0; i < r->n_stop_token_ids; i++) r->min_tokens_mask[n++] = r->stop_token_ids[i];
+    r->n_min_tokens_mask = n;
+    return 0;
+}
+
 static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, compl_error *e,
                         bool chat) {
     if (check_known_fields(o, chat, e)) return -1;
@@ -244,11 +259,6 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
     r->min_tokens = (int)x;
     if (parse_stop_token_ids(o, lim, r, e)) return -1;
     if (parse_logit_bias(o, lim, r, e)) return -1;
-    /* TEMPORARY (issue 16, next piece): the engine does not apply these yet. */
-    if (r->repetition_penalty != 1.0)
-        return bad(e, "repetition_penalty", "'repetition_penalty' is not supported yet");
-    if (r->min_tokens > 0) return bad(e, "min_tokens", "'min_tokens' is not supported yet");
-    if (r->n_bias > 0) return bad(e, "logit_bias", "'logit_bias' is not supported yet");
     if (get_bool(o, "skip_special_tokens", &r->skip_special_tokens, e)) return -1;
     if (!chat && get_bool(o, "add_special_tokens", &r->add_special_tokens, e)) return -1;
 
@@ -283,6 +293,7 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
     if (get_bool(o, "return_token_ids", &r->return_token_ids, e)) return -1;
     if (!chat && get_bool(o, "echo", &r->echo, e)) return -1;
     if (get_bool(o, "ignore_eos", &r->ignore_eos, e)) return -1;
+    if (r->min_tokens > 0 && min_tokens_mask(lim, r) != 0) return bad(e, NULL, "out of memory");
     json_t *so = field(o, "stream_options");
     if (so) {
         if (!json_is_object(so)) return bad(e, "stream_options", "'stream_options' must be an object");
@@ -398,6 +409,7 @@ void compl_request_free(compl_request *r) {
     free(r->user);
     free(r->bias_ids);
     free(r->bias_values);
+    free(r->min_tokens_mask);
     for (int i = 0; i < COMPL_MAX_STOP + 1; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
     r->logprobs = -1;
@@ -423,12 +435,19 @@ int compl_engine_request(const compl_request *q, int choice, const compl_tokeniz
     out->sampling.top_k = q->top_k;
     out->sampling.top_p = greedy ? 1.0f : (float)q->top_p;
     out->sampling.min_p = (float)q->min_p;
-    out->sampling.repeat_penalty = 1.0f;
+    out->sampling.repeat_penalty = (float)q->repetition_penalty; /* vLLM's (engine_api.h) */
+    out->sampling.repeat_last_n = -1;
     out->sampling.presence_penalty = (float)q->presence_penalty;
     out->sampling.frequency_penalty = (float)q->frequency_penalty;
     /* Sample i of a prompt draws with seed + i (vLLM's per-child seed). */
     out->sampling.seed = (uint64_t)q->seed + (uint64_t)sample;
     out->sampling.n_top_logprobs = q->logprobs > 0 ? q->logprobs : 0;
+    out->sampling.bias_ids = q->bias_ids;
+    out->sampling.bias_values = q->bias_values;
+    out->sampling.n_bias = q->n_bias;
+    out->min_tokens = q->min_tokens;
+    out->min_tokens_mask = q->min_tokens_mask;
+    out->n_min_tokens_mask = q->n_min_tokens_mask;
     out->has_seed = q->has_seed;
     out->ignore_eos = q->ignore_eos;
     out->logprobs = q->logprobs >= 0;

@@ -93,6 +93,8 @@ typedef struct compl_request {
     int32_t *bias_ids;      /* logit_bias: token ids (malloc'd) ... */
     float *bias_values;     /* ... and what is added to their logits, [-100, 100] */
     int n_bias;
+    int32_t *min_tokens_mask; /* min_tokens > 0: EOG ids (unless ignore_eos) + stop_token_ids */
+    int n_min_tokens_mask;
     char *user;
     /* POST /v1/chat/completions (coordinator/api/chat.h): the prompt is the
      * rendered conversation; responses are chat.completion(.chunk) objects. */

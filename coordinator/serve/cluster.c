@@ -3,6 +3,7 @@
  * turns scheduler micro-batches into ACTIVATIONS frames, and the TOKENS path
  * back to the HTTP sink. See cluster.h. */
 #include "coordinator/serve/cluster.h"
+#include "coordinator/serve/seq_sampling.h"
 
 #include <event2/event.h>
 #include <jansson.h>
@@ -218,6 +219,7 @@ static int send_control(cluster *c, stage_link *l, const ctl_msg *m) {
 
 static void creq_free(creq *r) {
     if (!r) return;
+    seq_sampling_release(&r->req);
     free(r->prompt);
     free(r->gen);
     free(r);
@@ -257,10 +259,6 @@ static void fail_all(cluster *c, const char *msg) {
 }
 
 /* ---- the data path: micro-batches out, tokens back ----------------------- */
-
-static bool penalties_on(const coord_request *q) {
-    return q->sampling.presence_penalty != 0.0f || q->sampling.frequency_penalty != 0.0f;
-}
 
 /* Adds what the scheduler counted since the last call to g_kv. */
 static void fold_kv_counters(cluster *c) {
@@ -303,40 +301,29 @@ static void pump_launch(cluster *c) {
         frame_seq *seqs = calloc((size_t)b->n_seqs, sizeof *seqs);
         frame_seq **seqp = calloc((size_t)b->n_seqs, sizeof *seqp);
         frame_sampling *samp = calloc((size_t)b->n_seqs, sizeof *samp);
+        seq_sampling_buf *sbuf = calloc((size_t)b->n_seqs, sizeof *sbuf);
         st_err err = {{0}};
         int rc = -1;
         uint64_t t_launch = 0;
-        if (seqs && seqp && samp) {
+        bool filled = true;
+        if (seqs && seqp && samp && sbuf) {
             for (int i = 0; i < b->n_seqs; i++) {
                 const sched_slice *x = &b->seqs[i];
                 const creq *r = x->user;
                 const coord_request *q = &r->req;
                 frame_seq *s = &seqs[i];
                 strata__v1__seq_record__init(s);
-                frame_sampling *p = &samp[i];
-                strata__v1__sampling_params__init(p);
-                p->temperature = q->sampling.temperature;
-                p->top_k = q->sampling.top_k;
-                p->top_p = q->sampling.top_p;
-                p->min_p = q->sampling.min_p;
-                p->seed = r->seed;
-                p->repeat_penalty = 1.0f;
-                p->presence_penalty = q->sampling.presence_penalty;
-                p->frequency_penalty = q->sampling.frequency_penalty;
-                p->n_top_logprobs = q->logprobs ? q->sampling.n_top_logprobs : 0;
+                if (seq_sampling_fill(q, r->seed, r->prompt, r->n_prompt, r->gen, r->n_gen, x->sample,
+                                      &samp[i], s, &sbuf[i], &err) != 0)
+                    filled = false;
                 s->seq_id = x->seq_id;
                 s->pos = x->pos;
                 s->n_tokens = x->n_tokens;
                 s->block_table = (int32_t *)x->block_table;
                 s->n_block_table = (size_t)x->n_blocks;
-                s->sampling = p;
                 s->wants_logits = x->sample;
                 s->step = (uint64_t)r->n_gen;
                 if (x->pos == 0 && q->request_id[0]) s->request_id = (char *)q->request_id;
-                if (x->sample && penalties_on(q) && r->n_gen > 0) {
-                    s->history = r->gen;
-                    s->n_history = (size_t)r->n_gen;
-                }
                 seqp[i] = s;
             }
             frame_header h = STRATA__V1__FRAME_HEADER__INIT;
@@ -349,10 +336,13 @@ static void pump_launch(cluster *c) {
             h.token_ids = (int32_t *)b->tokens;
             h.n_token_ids = (size_t)b->n_tokens;
             t_launch = st_now_ns();
-            rc = first->peer ? xport_send(first->peer, &h, NULL, 0, NULL, NULL, NULL, &err) : -1;
+            if (filled)
+                rc = first->peer ? xport_send(first->peer, &h, NULL, 0, NULL, NULL, NULL, &err) : -1;
         } else {
             st_errf(&err, "out of memory");
         }
+        for (int i = 0; sbuf && i < b->n_seqs; i++) seq_sampling_buf_free(&sbuf[i]);
+        free(sbuf);
         free(seqs);
         free(seqp);
         free(samp);
@@ -1161,6 +1151,10 @@ static int eng_submit(void *impl, const coord_request *req, const coord_sink *si
     }
     r->req = *req;
     r->req.prompt = r->prompt;
+    if (seq_sampling_own(&r->req, err) != 0) {
+        creq_free(r);
+        return COORD_EINTERNAL;
+    }
     r->sink = *sink;
     r->ctx = ctx;
     r->seed = req->has_seed ? req->sampling.seed

@@ -49,7 +49,15 @@ typedef struct coord_request {
     int max_tokens;          /* >= 1 */
     bool max_tokens_auto;    /* max_tokens was not given: clamp it to the context */
     sampler_params sampling; /* temperature, top-k/p, min-p, penalties, seed,
-                                n_top_logprobs (alternatives reported with logprobs) */
+                                n_top_logprobs (alternatives reported with logprobs),
+                                logit bias (arrays borrowed; submit copies them).
+                                repeat_penalty != 1 is vLLM's repetition_penalty:
+                                over the prompt and the generated tokens
+                                (coordinator/serve/seq_sampling.h) */
+    int min_tokens;          /* before this many generated tokens ... */
+    const int32_t *min_tokens_mask; /* ... these ids cannot be sampled (EOG and stop
+                                        ids; borrowed, submit copies them) */
+    int n_min_tokens_mask;
     bool has_seed;           /* false: the engine picks sampling.seed */
     bool ignore_eos;         /* generate past EOS up to max_tokens */
     bool logprobs;           /* report each token's logprob (on_token's lp) */

@@ -688,7 +688,66 @@ def parity_checks(args, cl):
         st, _ = request(cl, "GET", "/tokenize")
         return not bad and st == 405, bad or "%d bad tokenizer requests -> 400/404 with param" % len(rows)
 
+    def repetition_penalty():
+        r = refs[0]
+        st, same = greedy(r["prompt"], repetition_penalty=1.0)
+        st2, b = greedy(r["prompt"], repetition_penalty=100)
+        ids = b["choices"][0]["token_ids"] if st2 == 200 else []
+        seen = set(r["prompt_tokens"])
+        fresh = all(t not in seen and t not in ids[:i] for i, t in enumerate(ids))
+        ok = st == 200 and same["choices"][0]["token_ids"] == ref_ids(r) and len(ids) == N and \
+            fresh and ids != ref_ids(r) and len(set(ref_ids(r)) & seen) > 0
+        return ok, "1.0 == reference; 100 -> %s (no prompt id, no repeat; the reference repeats)" % ids
+
+    def logit_bias():
+        r = refs[0]
+        first = ref_ids(r)[0]
+        st, a = greedy(r["prompt"], logit_bias={str(first): -100})
+        st2, b = greedy(r["prompt"], logit_bias={"300": 100}, max_tokens=8)
+        ok = st == 200 and a["choices"][0]["token_ids"][0] != first and \
+            st2 == 200 and b["choices"][0]["token_ids"] == [300] * 8
+        return ok, "-100 on %d moves the first token to %s; +100 on 300 -> %s" % (
+            first, a["choices"][0]["token_ids"][:1], b["choices"][0]["token_ids"])
+
+    def min_tokens():
+        r = refs[0]
+        eos = {"2": 100}
+        st, a = greedy(r["prompt"], logit_bias=eos)
+        st2, b = greedy(r["prompt"], logit_bias=eos, min_tokens=5)
+        ok = st == 200 and a["usage"]["completion_tokens"] == 0 and \
+            a["choices"][0]["finish_reason"] == "stop" and st2 == 200 and \
+            b["usage"]["completion_tokens"] == 5 and b["choices"][0]["finish_reason"] == "stop" and \
+            2 not in b["choices"][0]["token_ids"]
+        return ok, "EOS at +100: %d tokens; with min_tokens 5: %s" % (
+            a["usage"]["completion_tokens"], b["choices"][0]["token_ids"])
+
+    def stop_token_ids():
+        r = refs[1]
+        ids = ref_ids(r)
+        stop_id = ids[5]
+        k = ids.index(stop_id)
+        st, a = greedy(r["prompt"], stop_token_ids=[stop_id])
+        _, b = greedy(r["prompt"], max_tokens=k)
+        ch = a["choices"][0]
+        ok = st == 200 and ch["finish_reason"] == "stop" and ch["token_ids"] == ids[:k + 1] and \
+            ch["text"] == b["choices"][0]["text"] and a["usage"]["completion_tokens"] == k + 1
+        return ok, "stop at id %d: %s, text %r" % (stop_id, ch["token_ids"], ch["text"])
+
+    def skip_special_tokens():
+        q = dict(logit_bias={"2": 100}, ignore_eos=True, max_tokens=3)
+        st, a = greedy(refs[0]["prompt"], **q)
+        st2, b = greedy(refs[0]["prompt"], skip_special_tokens=False, **q)
+        ok = st == 200 and a["choices"][0]["text"] == "" and a["choices"][0]["token_ids"] == [2] * 3 \
+            and st2 == 200 and b["choices"][0]["text"] == "</s></s></s>"
+        return ok, "EOS x3: default %r, skip_special_tokens false %r" % (
+            a["choices"][0]["text"], b["choices"][0]["text"])
+
     return [
+        ("repetition_penalty changes the output where it must", repetition_penalty),
+        ("logit_bias moves and forces tokens", logit_bias),
+        ("min_tokens holds EOS back", min_tokens),
+        ("stop_token_ids end the choice", stop_token_ids),
+        ("skip_special_tokens false shows control tokens", skip_special_tokens),
         ("token-id prompt equals the reference", token_prompt_single),
         ("batched id prompts == batched texts == reference", token_prompt_batch),
         ("token id outside the vocabulary -> 400", token_prompt_out_of_vocab),

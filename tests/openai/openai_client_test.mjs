@@ -4,7 +4,8 @@
 //   STRATA_BASE_URL=http://127.0.0.1:PORT STRATA_MODEL=stories260K \
 //   STRATA_REF=.../stories260K-greedy.json node openai_client_test.mjs
 //
-// Checks: non-streaming and streaming completions equal llama.cpp's greedy
+// Checks (issue 16 too: token-id and batched prompts, n > 1, top_p 0, the
+// sampling extras, unknown fields, /tokenize): non-streaming and streaming completions equal llama.cpp's greedy
 // reference token ids (return_token_ids, a vendor field passed through the
 // client as an extra body param) and text; non-streaming and streaming chat
 // completions (shapes, delta.role then delta.content, usage, logprobs) equal
@@ -157,6 +158,16 @@ for (const r of refs.slice(0, 4)) {
   // top_p 0 keeps the argmax: greedy even at temperature 1
   const tp = await client.completions.create({ model, prompt: refs[2].prompt, max_tokens: M, temperature: 1, top_p: 0, return_token_ids: true });
   check(eq(tp.choices[0].token_ids, refs[2].completion_tokens.slice(0, M)), 'top_p 0 equals the greedy reference');
+
+  // sampling extras: logit_bias (OpenAI's), repetition_penalty and min_tokens (vLLM's, extra body)
+  const forced = await client.completions.create({ model, prompt: refs[0].prompt, max_tokens: 6, temperature: 0, logit_bias: { 300: 100 }, return_token_ids: true });
+  check(eq(forced.choices[0].token_ids, [300, 300, 300, 300, 300, 300]), 'logit_bias +100 forces token 300');
+  const rp = await client.completions.create({ model, prompt: refs[0].prompt, max_tokens: M, temperature: 0, repetition_penalty: 100, return_token_ids: true });
+  const rpIds = rp.choices[0].token_ids;
+  check(!eq(rpIds, refs[0].completion_tokens.slice(0, M)) && new Set(rpIds).size === rpIds.length &&
+    !rpIds.some((x) => refs[0].prompt_tokens.includes(x)), `repetition_penalty 100: ${JSON.stringify(rpIds)} repeats nothing`);
+  const mt = await client.completions.create({ model, prompt: refs[0].prompt, max_tokens: 16, temperature: 0, logit_bias: { 2: 100 }, min_tokens: 4 });
+  check(mt.usage.completion_tokens === 4 && mt.choices[0].finish_reason === 'stop', `min_tokens 4 with EOS favoured: ${mt.usage.completion_tokens} tokens`);
 
   // /tokenize and /detokenize (vLLM's routes, outside /v1)
   const post = async (path, body) => (await fetch(`${base}${path}`, {

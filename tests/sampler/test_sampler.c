@@ -536,8 +536,73 @@ static void test_tp_equivalence(void) {
     sampler_history_free(&h);
 }
 
+/* vLLM's repetition_penalty over prompt + output (the prompt only for that
+ * penalty) and OpenAI's logit_bias (before the penalties; -inf masks). */
+static void test_prompt_history_and_bias(void) {
+    st_err err = {{0}};
+    sampler_history h;
+    REQUIRE(sampler_history_init(&h, -1, &err) == 0);
+    const int32_t toks[] = {3, 4, 3, 6}; /* prompt 3 4 3, generated 6 */
+    REQUIRE(sampler_history_rebuild_prompt(&h, toks, 4, 3, &err) == 0);
+    int32_t t, w;
+    sampler_history_count(&h, 3, &t, &w); CHECK_EQ_INT(t, 0); CHECK_EQ_INT(w, 0);
+    sampler_history_count(&h, 6, &t, &w); CHECK_EQ_INT(t, 1); CHECK_EQ_INT(w, 1);
+    CHECK_EQ_INT(sampler_history_rebuild_prompt(&h, toks, 4, 5, &err), -1);
+
+    float l[8] = {0.5f, 1.0f, -1.0f, 2.0f, -0.5f, 0.25f, 1.5f, 0.0f}, ref[8];
+    memcpy(ref, l, sizeof l);
+    sampler_params p = sampler_greedy_params();
+    p.repeat_penalty = 2.0f; p.repeat_last_n = -1; p.presence_penalty = 1.0f;
+    REQUIRE(sampler_apply_penalties(&p, &h, l, 0, 8, &err) == 0);
+    CHECK(l[3] == 1.0f);   /* prompt: 2 / 2, no presence */
+    CHECK(l[4] == -1.0f);  /* prompt: -0.5 * 2 */
+    CHECK(l[6] == -0.25f); /* generated: 1.5 / 2 - 1 */
+    CHECK(l[0] == ref[0] && l[1] == ref[1] && l[2] == ref[2] && l[5] == ref[5] && l[7] == ref[7]);
+    /* greedy: 3 falls to 1.0 and ties with 1: the lower id wins */
+    sampler_token_info out;
+    REQUIRE(sampler_sample(&p, ref, 8, &h, 0, &out, &err) == 0);
+    CHECK_EQ_INT(out.id, 1);
+    sampler_params g = sampler_greedy_params();
+    REQUIRE(sampler_sample(&g, ref, 8, &h, 0, &out, &err) == 0);
+    CHECK_EQ_INT(out.id, 3);
+
+    /* logit bias: +3 on 7 wins greedy; -inf on 3 and 6 masks them */
+    const int32_t bid[] = {7, 3, 6};
+    const float bval[] = {3.0f, -INFINITY, -INFINITY};
+    g.bias_ids = bid; g.bias_values = bval; g.n_bias = 1;
+    REQUIRE(sampler_sample(&g, ref, 8, NULL, 0, &out, &err) == 0);
+    CHECK_EQ_INT(out.id, 7);
+    double z = 0;
+    for (int i = 0; i < 8; i++) z += exp((double)ref[i]);
+    CHECK(fabs(out.logprob - (ref[7] - log(z))) < 1e-5); /* the model's logprob, not the biased one */
+    g.bias_ids = bid + 1; g.bias_values = bval + 1; g.n_bias = 2;
+    REQUIRE(sampler_sample(&g, ref, 8, NULL, 0, &out, &err) == 0);
+    CHECK_EQ_INT(out.id, 1);
+    /* sampling at temperature 1 never draws a masked token */
+    sampler_params tp = sampler_greedy_params();
+    tp.temperature = 1.0f; tp.bias_ids = bid + 1; tp.bias_values = bval + 1; tp.n_bias = 2;
+    for (uint64_t step = 0; step < 200; step++) {
+        REQUIRE(sampler_sample(&tp, ref, 8, NULL, step, &out, &err) == 0);
+        CHECK(out.id != 3 && out.id != 6);
+    }
+    /* logprobs stay the model's: bias and penalties do not move them */
+    sampler_token_info plain;
+    REQUIRE(sampler_sample(&g, ref, 8, NULL, 0, &out, &err) == 0);
+    g.n_bias = 0;
+    REQUIRE(sampler_sample(&g, ref, 8, NULL, 0, &plain, &err) == 0);
+    CHECK(plain.id == 3 && out.id == 1);
+    /* bad bias entries are refused */
+    const float nanv[] = {NAN};
+    g.bias_ids = bid; g.bias_values = nanv; g.n_bias = 1;
+    CHECK_EQ_INT(sampler_params_validate(&g, &err), -1);
+    g.bias_ids = NULL; g.n_bias = 1;
+    CHECK_EQ_INT(sampler_params_validate(&g, &err), -1);
+    sampler_history_free(&h);
+}
+
 int main(void) {
     test_validation();
+    test_prompt_history_and_bias();
     test_greedy();
     test_seeds();
     test_filters();
