@@ -13,6 +13,9 @@
  *   GET  /livez /healthz /readyz /version  probes.h (liveness, readiness, build)
  *   GET  /v1/stages        the engine's per-stage counters and KV block counts
  *                          (engine_api.h stages_json; 404 when it has none)
+ *   POST /tokenize /detokenize  vLLM's tokenizer routes (tokenize.h)
+ * A completion with several choices (n > 1, a list of prompts) submits one
+ * engine request per choice and answers when the last one finishes.
  * Errors are OpenAI-shaped ({"error":{message,type,param,code}}): 400 invalid
  * body or parameter, 404 unknown route or model, 405 wrong method, 413 body
  * over max_body_bytes (beyond 64 MiB evhttp's own reply), 429 queue full,
@@ -25,7 +28,7 @@
  * every completion answer has the X-Request-Id header.
  *
  * A client that disconnects before its completion is done (stream or not)
- * has its request cancelled through the engine (engine_api.h).
+ * has its requests (every choice) cancelled through the engine (engine_api.h).
  *
  * Security (docs/security.md, "HTTP API"): with API keys (http_auth.h)
  * every route needs "Authorization: Bearer KEY" (401 with an OpenAI error

@@ -514,6 +514,21 @@ def mode_bad_input(args):
         while time.time() < deadline and cl.stages_json()["requests_running"] > 0:
             time.sleep(0.1)
 
+        # n = 3 over max_seqs 1 + max_queue 1: a choice is refused, so the whole
+        # request is, and the choices already submitted are cancelled.
+        st, b = request(cl, "POST", C, b'{"prompt": "x", "max_tokens": 4, "n": 3}')
+        e = json.loads(b).get("error", {}) if error_shaped(b) else {}
+        deadline = time.time() + 20
+        left = None
+        while time.time() < deadline:
+            sj = cl.stages_json()
+            left = sj["requests_running"] + sj["requests_waiting"]
+            if left == 0:
+                break
+            time.sleep(0.05)
+        check(st == 429 and e.get("code") == "queue_full" and left == 0,
+              "n=3 beyond the queue -> %d %s; %s choices left in the engine" % (st, b[:120], left))
+
         st, b = post(cl, C, {"prompt": ref["prompt"], "max_tokens": 64, "temperature": 0,
                              "return_token_ids": True})
         check(st == 200 and b["choices"][0]["token_ids"] == ref["completion_tokens"],
@@ -742,7 +757,34 @@ def parity_checks(args, cl):
         return ok, "EOS x3: default %r, skip_special_tokens false %r" % (
             a["choices"][0]["text"], b["choices"][0]["text"])
 
+    def n4_disconnect():
+        """A client that leaves a stream of 4 choices cancels all 4."""
+        s = socket.create_connection(("127.0.0.1", cl.http_port), timeout=30)
+        try:
+            body = json.dumps({"prompt": refs[0]["prompt"], "max_tokens": 400, "ignore_eos": True,
+                               "n": 4, "seed": 1, "stream": True}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                      b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            got = b""
+            while got.count(b'"index"') < 4:
+                got += s.recv(65536)
+            sj = cl.stages_json()
+            running = sj["requests_running"] + sj["requests_waiting"]
+        finally:
+            s.close()
+        deadline = time.time() + 20
+        left = None
+        while time.time() < deadline:
+            sj = cl.stages_json()
+            left = sj["requests_running"] + sj["requests_waiting"]
+            if left == 0:
+                break
+            time.sleep(0.05)
+        return running == 4 and left == 0, "4 choices in the engine (%s), 0 after the client left (%s)" % (
+            running, left)
+
     return [
+        ("a client that leaves cancels every choice", n4_disconnect),
         ("repetition_penalty changes the output where it must", repetition_penalty),
         ("logit_bias moves and forces tokens", logit_bias),
         ("min_tokens holds EOS back", min_tokens),
