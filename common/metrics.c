@@ -36,8 +36,8 @@ struct metrics_registry {
     pthread_mutex_t mu;
     metrics_family **fams;
     size_t n_fams, cap_fams;
-    metrics_collect_fn collect;
-    void *collect_ud;
+    metrics_collect_fn collect[METRICS_MAX_COLLECTORS]; /* [0]: set_collector's */
+    void *collect_ud[METRICS_MAX_COLLECTORS];
 };
 
 
@@ -153,9 +153,26 @@ void metrics_registry_free(metrics_registry *r) {
 
 void metrics_registry_set_collector(metrics_registry *r, metrics_collect_fn fn, void *ud) {
     pthread_mutex_lock(&r->mu);
-    r->collect = fn;
-    r->collect_ud = ud;
+    r->collect[0] = fn;
+    r->collect_ud[0] = ud;
     pthread_mutex_unlock(&r->mu);
+}
+
+int metrics_registry_add_collector(metrics_registry *r, metrics_collect_fn fn, void *ud,
+                                   st_err *err) {
+    int rc = st_errf(err, "metrics: more than %d collectors", METRICS_MAX_COLLECTORS - 1);
+    pthread_mutex_lock(&r->mu);
+    for (int i = 1; i < METRICS_MAX_COLLECTORS; i++) {
+        if (!r->collect[i]) {
+            r->collect[i] = fn;
+            r->collect_ud[i] = ud;
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (rc == 0 && err) err->msg[0] = '\0';
+    return rc;
 }
 
 /* Splits "a, b" into f->labels; returns 0 or -1 with err. */
@@ -375,6 +392,19 @@ void metrics_histogram_observe(metrics_series *s, double v) {
     pthread_mutex_unlock(&f->mu);
 }
 
+void metrics_histogram_merge(metrics_series *s, const uint64_t *counts, size_t n, double sum) {
+    if (!s || s->fam->type != METRICS_HISTOGRAM || !counts) return;
+    metrics_family *f = s->fam;
+    if (n != f->n_bounds + 1) return;
+    pthread_mutex_lock(&f->mu);
+    for (size_t b = 0; b < n; b++) {
+        s->buckets[b] += counts[b];
+        s->count += counts[b];
+    }
+    s->sum += sum;
+    pthread_mutex_unlock(&f->mu);
+}
+
 double metrics_value(metrics_series *s) {
     if (!s) return 0;
     pthread_mutex_lock(&s->fam->mu);
@@ -480,10 +510,13 @@ char *metrics_render(metrics_registry *r, size_t *len_out, st_err *err) {
         return NULL;
     }
     pthread_mutex_lock(&r->mu);
-    metrics_collect_fn fn = r->collect;
-    void *ud = r->collect_ud;
+    metrics_collect_fn fn[METRICS_MAX_COLLECTORS];
+    void *ud[METRICS_MAX_COLLECTORS];
+    memcpy(fn, r->collect, sizeof fn);
+    memcpy(ud, r->collect_ud, sizeof ud);
     pthread_mutex_unlock(&r->mu);
-    if (fn) fn(r, ud);
+    for (int i = 0; i < METRICS_MAX_COLLECTORS; i++)
+        if (fn[i]) fn[i](r, ud[i]);
 
     st_strbuf b = {0};
     st_strbuf_puts(&b, "");

@@ -32,11 +32,13 @@
 #define STRATA_COMMON_METRICS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
 #define METRICS_MAX_LABELS 4
 #define METRICS_MAX_BUCKETS 32
+#define METRICS_MAX_COLLECTORS 8
 /* The Content-Type for GET /metrics. */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
@@ -52,7 +54,12 @@ typedef void (*metrics_collect_fn)(metrics_registry *r, void *ud);
 
 metrics_registry *metrics_registry_new(st_err *err);
 void metrics_registry_free(metrics_registry *r);
+/* The registry's main collector (replaces the previous one; NULL: none). */
 void metrics_registry_set_collector(metrics_registry *r, metrics_collect_fn fn, void *ud);
+/* One more collector (process metrics, a subsystem's own), run after the main
+ * one in the order added; up to METRICS_MAX_COLLECTORS - 1. 0, or -1 + err. */
+int metrics_registry_add_collector(metrics_registry *r, metrics_collect_fn fn, void *ud,
+                                   st_err *err);
 
 /* Creates a family. `labels` is a comma-separated list of label names
  * ("status", "stage,worker") or NULL/"" for none. Names must be unique in the
@@ -80,6 +87,12 @@ void metrics_counter_add(metrics_series *s, double v);
 void metrics_gauge_set(metrics_series *s, double v);
 void metrics_gauge_add(metrics_series *s, double v);
 void metrics_histogram_observe(metrics_series *s, double v);
+
+/* Adds observations counted elsewhere (a worker's cumulative histogram, as
+ * deltas): counts[b] observations in bucket b (not cumulative; n must be the
+ * family's bounds + 1, the last one +Inf) whose values sum to sum. Ignored on
+ * another type or another n. */
+void metrics_histogram_merge(metrics_series *s, const uint64_t *counts, size_t n, double sum);
 
 /* Current value (counter or gauge), or the histogram's count; 0 for NULL. */
 double metrics_value(metrics_series *s);

@@ -110,6 +110,8 @@ static void send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsReque
     s.bad_frames = xs.bad_frames;
     s.dropped_frames = w->front->dropped_frames;
     s.fenced_frames = w->front->fenced_frames;
+    s.hops = w->front->hops;
+    s.hop_seconds = w->front->hop_seconds;
     s.batch_errors = w->front->batch_errors;
     s.queue_depth = cs.queued > 0 ? (uint32_t)cs.queued : 0;
     s.worker_name = w->name;

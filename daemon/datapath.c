@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "daemon/assignment.h"
+#include "daemon/worker_metrics.h"
 #include "model/sampler.h"
 
 #define POOL_MIN_BYTES (64u << 10)
@@ -30,6 +32,7 @@ struct job {
     float *in;           /* f32 input rows (non-first stage) */
     float *scratch;      /* f32 output before bf16 conversion */
     xport_mem *out_mem;  /* registered output buffer (non-last stage) */
+    double t_sent;       /* monotonic seconds at xport_send to the next hop */
     size_t out_bytes;
     stage_sample_out *samples;
 };
@@ -171,6 +174,7 @@ static void note_forward(wstage *w, const cjob *cj)
     slot[0] = cj->start_ns;
     slot[1] = cj->end_ns;
     w->fwd_n++;
+    worker_metrics_forward(w->front->metrics, (int)w->cur.stage, (double)(cj->end_ns - cj->start_ns) * 1e-9);
 }
 
 size_t datapath_forward_intervals(const wstage *w, uint64_t since_ns, uint64_t *out)
@@ -367,10 +371,15 @@ static void fwd_sent(xport_peer *peer, int status, void *arg)
     struct job *j = arg;
     wstage *w = j->w;
     w->sends_inflight--;
-    if (status != 0)
+    if (status != 0) {
         batch_error(w, j, "sending to the next hop failed (peer lost)");
-    else
+    } else {
         w->backoff = BACKOFF_MIN_S;
+        double d = st_now_s() - j->t_sent;
+        w->front->hops++;
+        w->front->hop_seconds += d;
+        worker_metrics_hop(w->front->metrics, (int)w->cur.stage, d);
+    }
     job_free(w, j);
 }
 
@@ -477,6 +486,7 @@ static void forward_done(wstage *w, struct job *j)
     h.control.len = 0;
     h.control.data = NULL;
     st_err err;
+    j->t_sent = st_now_s();
     if (xport_send(w->next, &h, xport_mem_ptr(j->out_mem), j->out_bytes, j->out_mem, fwd_sent, j, &err)) {
         batch_error(w, j, err.msg);
         job_free(w, j);

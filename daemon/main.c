@@ -2,6 +2,7 @@
  * per-node daemon (daemon/worker.h does the work; docs/worker.md).
  *
  *   strata-worker --listen HOST:PORT [--name NAME] [--threads N] [--log-level L]
+ *                 [--metrics-listen HOST:PORT [--metrics-insecure]]
  *                 [--coordinator HOST:PORT --model FILE... | --model-dir DIR] [--memory BYTES]
  *                 [--grpc-ca FILE --grpc-cert FILE --grpc-key FILE]
  *
@@ -20,6 +21,7 @@
 #include <event2/event.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,11 +29,13 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include "common/exposure.h"
 #include "common/log.h"
 #include "common/notify.h"
 #include "common/version.h"
 #include "daemon/registration.h"
 #include "daemon/worker.h"
+#include "daemon/worker_metrics.h"
 
 #define MAX_MODELS 64
 #define LOAD_PERIOD_MS 500
@@ -40,6 +44,10 @@
 struct worker_cli {
     const char *listen, *name, *coordinator;
     const char *grpc_ca, *grpc_cert, *grpc_key; /* mutual TLS to the coordinator (docs/security.md) */
+    const char *metrics_listen;  /* GET /metrics (daemon/worker_metrics.h); NULL = off */
+    char metrics_host[256];
+    int metrics_port;
+    bool metrics_insecure;       /* a non-loopback metrics address without credentials */
     char host[256]; /* --listen split */
     int port;
     int threads;
@@ -70,6 +78,8 @@ static void usage(FILE *f)
             "  --name NAME         name in logs and in StageReady (default HOST:PORT)\n"
             "  --threads N         CPU threads for a stage (default 0 = all cores)\n"
             "  --log-level L       error, warn, info (default) or debug\n"
+            "  --metrics-listen H:P  serve Prometheus GET /metrics there (off by default; docs/metrics.md)\n"
+            "  --metrics-insecure  allow a non-loopback --metrics-listen (metrics are read-only; no credentials)\n"
             "  --coordinator H:P   register with the coordinator's gRPC control service (live mode)\n"
             "  --model FILE        a model file this node has (repeatable; live mode)\n"
             "  --model-dir DIR     every *.gguf file in DIR (live mode)\n"
@@ -140,6 +150,8 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
                                          {"model", required_argument, 0, 'm'},
                                          {"model-dir", required_argument, 0, 'D'},
                                          {"memory", required_argument, 0, 'M'},
+                                         {"metrics-listen", required_argument, 0, 'P'},
+                                         {"metrics-insecure", no_argument, 0, 'I'},
                                          {"help", no_argument, 0, 'h'},
                                          {"version", no_argument, 0, 'V'},
                                          {0, 0, 0, 0}};
@@ -166,6 +178,8 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
             break;
         }
         case 'C': o->coordinator = optarg; break;
+        case 'P': o->metrics_listen = optarg; break;
+        case 'I': o->metrics_insecure = true; break;
         case 'A': o->grpc_ca = optarg; break;
         case 'E': o->grpc_cert = optarg; break;
         case 'K': o->grpc_key = optarg; break;
@@ -190,6 +204,19 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
     if ((o->n_models || o->memory) && !o->coordinator)
         return bad("%s", "--model, --model-dir and --memory need --coordinator");
     if (o->coordinator && !o->name) return bad("%s", "--coordinator needs --name (the node name it registers)");
+    if (o->metrics_listen) {
+        st_err merr;
+        if (worker_parse_hostport(o->metrics_listen, o->metrics_host, sizeof o->metrics_host, &o->metrics_port, 1,
+                                  &merr))
+            return bad("--metrics-listen: %s", merr.msg);
+        /* Metrics carry no request data and accept no commands, but a
+         * non-loopback listener is still an explicit choice (docs/security.md). */
+        char why[300];
+        if (st_exposure_check("worker metrics", o->metrics_listen, false, o->metrics_insecure, why, sizeof why))
+            return bad("%s (or --metrics-insecure: metrics are read-only)", why);
+    } else if (o->metrics_insecure) {
+        return bad("%s", "--metrics-insecure needs --metrics-listen");
+    }
     if ((o->grpc_ca || o->grpc_cert || o->grpc_key) && !o->coordinator)
         return bad("%s", "--grpc-ca, --grpc-cert and --grpc-key need --coordinator");
     if (o->coordinator) { /* the environment fills in what the flags leave out (docs/security.md) */
@@ -301,11 +328,20 @@ static int run(const struct worker_cli *o)
     struct event *sig_term = evsignal_new(base, SIGTERM, on_signal, &tick);
     struct event *sig_int = evsignal_new(base, SIGINT, on_signal, &tick);
     st_watchdog *wd = NULL;
+    worker_metrics *metrics = NULL;
     if (!sig_term || !sig_int || event_add(sig_term, NULL) || event_add(sig_int, NULL)) {
         fprintf(stderr, "strata-worker: error: cannot install signal handlers\n");
         goto out;
     }
     ST_INFO("worker: listening on %s:%d", o->host, worker_port(w));
+    if (o->metrics_listen) {
+        if (!(metrics = worker_metrics_start(base, w, o->metrics_host, o->metrics_port, &err))) {
+            fprintf(stderr, "strata-worker: error: %s\n", err.msg);
+            goto out;
+        }
+        ST_INFO("worker: metrics on http://%s:%d/metrics", o->metrics_host, worker_metrics_port(metrics));
+        printf("strata-worker: metrics on %s:%d\n", o->metrics_host, worker_metrics_port(metrics));
+    }
     if (o->coordinator && start_live(o, base, &tick)) goto out;
     /* Load for the heartbeats (live mode) and the STATUS= line. */
     tick.ev = event_new(base, -1, EV_PERSIST, on_load_tick, &tick);
@@ -330,6 +366,7 @@ static int run(const struct worker_cli *o)
     }
 out:
     st_watchdog_free(wd);
+    worker_metrics_stop(metrics);
     reg_stop(tick.reg);
     if (tick.ev) event_free(tick.ev);
     if (sig_term) event_free(sig_term);

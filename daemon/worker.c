@@ -169,14 +169,16 @@ fail:
 
 int worker_port(const worker *w) { return xport_port(w->x); }
 
-void worker_load_get(worker *w, worker_load *out)
+/* The cumulative and current values of *out (not the window's). */
+static void load_now(worker *w, worker_load *out)
 {
-    memset(out, 0, sizeof *out);
-    w->track_load = true;
     xport_stats xs;
     xport_get_stats(w->x, &xs);
     out->bytes_sent = xs.bytes_sent;
     out->uptime_seconds = st_now_s() - w->t_start;
+    out->busy_seconds = 0;
+    out->kv_blocks = 0;
+    out->n_stages = 0;
     for (wstage *st = w->stages; st; st = st->link) {
         compute_stats cs;
         compute_get_stats(st->cq, &cs);
@@ -184,10 +186,33 @@ void worker_load_get(worker *w, worker_load *out)
         if (st->state == W_READY && st->info.kv_blocks > out->kv_blocks) out->kv_blocks = st->info.kv_blocks;
         if (st->state == W_READY) out->n_stages++;
     }
+}
+
+void worker_load_get(worker *w, worker_load *out)
+{
+    memset(out, 0, sizeof *out);
+    w->track_load = true;
+    load_now(w, out);
     out->running_sequences = (uint32_t)w->n_load;
     for (int i = 0; i < w->n_load; i++) out->kv_blocks_used += (uint32_t)w->load_blocks[i];
     if (out->kv_blocks_used > (uint32_t)out->kv_blocks) out->kv_blocks_used = (uint32_t)out->kv_blocks;
     w->n_load = 0;
+    w->last_load = *out;
+    w->last_load_at = st_now_s();
+}
+
+void worker_load_recent(worker *w, worker_load *out)
+{
+    /* A window closed within the last second (the live-mode load tick closes
+     * one every 500 ms): report it with the values of now. Else close one
+     * here: the sequences seen since the previous call. */
+    if (w->last_load_at > 0 && st_now_s() - w->last_load_at < 1.0) {
+        *out = w->last_load;
+        load_now(w, out);
+        if (out->kv_blocks_used > (uint32_t)out->kv_blocks) out->kv_blocks_used = (uint32_t)out->kv_blocks;
+        return;
+    }
+    worker_load_get(w, out);
 }
 
 void worker_destroy(worker *w)

@@ -60,6 +60,10 @@ typedef struct worker_load {
 
 /* Fills *out (see worker_load) and starts a new window. Loop thread. */
 void worker_load_get(worker *w, worker_load *out);
+/* The same for a reader that must not cut the live-mode windows short
+ * (GET /metrics): the window closed within the last second if there is one
+ * (with current cumulative values), else worker_load_get. Loop thread. */
+void worker_load_recent(worker *w, worker_load *out);
 
 /* Starts listening and the compute thread. NULL + err on failure (bad
  * address, port in use, UCX error). */

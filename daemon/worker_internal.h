@@ -91,12 +91,17 @@ struct worker {
     wstage *released;       /* released ones: freed after the transport (their sends may be in flight) */
     uint64_t dropped_frames, batch_errors;
     uint64_t fenced_frames; /* of dropped_frames: ACTIVATIONS of an epoch older than the newest stage held */
+    uint64_t hops;          /* ACTIVATIONS sends to a next hop completed (StageStats.hops) */
+    double hop_seconds;     /* their send -> completion times, summed */
+    struct worker_metrics *metrics; /* GET /metrics (daemon/worker_metrics.h); NULL when off */
     bool shutting_down;
     /* worker_load_get window: sequences seen and their block-table lengths */
     uint64_t load_seq[LOAD_MAX_SEQS];
     int load_blocks[LOAD_MAX_SEQS];
     int n_load;
-    bool track_load;        /* worker_load_get was called (live mode) */
+    bool track_load;        /* worker_load_get was called (live mode, or GET /metrics) */
+    worker_load last_load;  /* the latest window worker_load_get closed */
+    double last_load_at;    /* when (monotonic seconds; 0 = never) */
 };
 
 /* worker.c: a frame we do not accept: counts it, logs "dropping a frame from

@@ -86,6 +86,7 @@ struct call {
     char rid[REQUEST_ID_MAX + 1]; /* X-Request-Id, else meta.id: logs and workers (request_id.h) */
     bool stream;
     double t0, t_first, t_last; /* arrival, first and latest token (monotonic seconds) */
+    double t_sched;      /* the first choice's first micro-batch went out (0: not yet) */
     int n_tokens;        /* tokens delivered */
     struct event *watch; /* EOF watch on the client socket while we compute */
     http_key *key;       /* counted in its per-key limit until freed; NULL: none */
@@ -207,9 +208,12 @@ static void send_sse(call *c, const char *data) {
     evbuffer_free(b);
 }
 
+static void call_observe(call *c, const char *finish);
+
 /* Answers the request once every choice finished, and frees the call. */
 static void call_complete(call *c) {
     double now = st_now_s();
+    call_observe(c, c->ch[0].finish);
     st_log_kv(ST_LOG_INFO, c->rid, "finished",
               "finish=%s choices=%d prompt_tokens=%d completion_tokens=%d ttft_s=%.3f e2e_s=%.3f",
               c->ch[0].finish, c->n_ch, call_prompt_tokens(c), call_completion_tokens(c),
@@ -340,13 +344,34 @@ static void sink_finish(void *ctx, enum coord_finish reason, const char *message
     }
 }
 
-static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish};
+static void sink_scheduled(void *ctx) {
+    choice *h = ctx;
+    if (h->c->t_sched == 0) h->c->t_sched = st_now_s();
+}
+
+static const coord_sink http_sink = {sink_prompt, sink_token, sink_finish, sink_scheduled};
+
+/* The request's timings and usage for /metrics (finish: "stop", "length",
+ * "abort", or NULL when it failed). */
+static void call_observe(call *c, const char *finish) {
+    coord_request_times t = {.arrival = c->t0,
+                             .scheduled = c->t_sched,
+                             .first_token = c->n_tokens ? c->t_first : 0,
+                             .last_token = c->n_tokens ? c->t_last : 0,
+                             .end = st_now_s(),
+                             .prompt_tokens = call_prompt_tokens(c),
+                             .generation_tokens = call_completion_tokens(c),
+                             .max_tokens = c->params.max_tokens,
+                             .finished_reason = finish};
+    coord_metrics_request_done(c->api->metrics, &t);
+}
 
 /* The client went away. */
 static void on_conn_close(struct evhttp_connection *evcon, void *arg) {
     call *c = arg;
     ST_REQ_INFO(c->rid, "http: client closed the connection; cancelling %s", c->meta.id);
     http_access_aborted(c->acc); /* before the request can be freed */
+    call_observe(c, "abort");
     call_cancel_open(c);
     /* On a failed write or read, evhttp detaches a request that is still
      * being answered from the connection and leaves it to us (libevent 2.1
@@ -671,7 +696,10 @@ static void on_request(struct evhttp_request *req, void *arg) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", xrid);
         http_access_set_id(api->cur_access, xrid);
     }
-    if (!admit(api, req, path)) return;
+    if (!admit(api, req, path)) {
+        api->cur_access = NULL;
+        return;
+    }
     probes_state ps = {api->engine, api->model_name, api->draining, api->retry_after_s};
     if (probes_handle(req, path, &ps)) {
         api->cur_access = NULL;
@@ -728,7 +756,7 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
     api->chat_format = (int)chat_select(cfg->chat_template);
     ST_INFO("http: chat completions use the %s chat format",
             chat_format_name((enum chat_format)api->chat_format));
-    api->metrics = coord_metrics_new(engine, err);
+    api->metrics = coord_metrics_new(engine, cfg->model_name ? cfg->model_name : "strata", err);
     if (!api->metrics) ST_WARN("http: no /metrics: %s", err->msg);
     api->access = http_access_log_new(api->metrics);
     api->http = evhttp_new(base);

@@ -8,13 +8,25 @@
 
 #include "common/metrics.h"
 #include "coordinator/api/metrics_kv.h"
+#include "common/process_metrics.h"
 
 struct coord_metrics {
     metrics_registry *reg;
     coord_engine *engine;
     metrics_family *requests, *ops_requests;
+    char *model_name;
     metrics_series *ttft, *tpot, *prompt, *generated;
-    metrics_series *queue, *running, *kv_used, *kv_free;
+    metrics_series *queue, *running, *kv_used, *kv_free, *epoch;
+    /* per request, at its end (coord_metrics_request_done) */
+    metrics_series *e2e, *queue_time, *prefill, *decode, *inference, *req_tpot;
+    metrics_series *req_prompt, *req_gen, *req_max_tokens;
+    metrics_family *success;
+    /* per stage, from the workers' StageStats */
+    metrics_family *fwd, *hop_s, *hops, *load;
+    uint64_t fwd_seen[COORD_STATS_MAX_STAGES][COORD_FWD_N_BOUNDS + 1];
+    double fwd_sum_seen[COORD_STATS_MAX_STAGES];
+    uint64_t fwd_epoch[COORD_STATS_MAX_STAGES];
+    double last_hop_s[COORD_STATS_MAX_STAGES], last_hops[COORD_STATS_MAX_STAGES];
     metrics_series *recoveries, *resumed, *recomputed; /* live mode's recovery counters */
     metrics_series *fenced;
     metrics_kv kv; /* the KV scheduling metrics (metrics_kv.h) */
@@ -38,6 +50,39 @@ static void observe_new(metrics_series *h, const double *ring, uint64_t n, uint6
     if (n > *seen) *seen = n;
 }
 
+/* Differences of a running total that restarts at 0 (a restarted worker):
+ * what grew since *last (all of v after a restart), and *last = v. */
+static double grown(double v, double *last) {
+    double d = v >= *last ? v - *last : v;
+    *last = v;
+    return d;
+}
+
+/* Stage i's forward histogram (cumulative per placement epoch in the
+ * engine: a new epoch starts from 0), hops and load time. */
+static void collect_stage(coord_metrics *m, int i, const char *const *v, const coord_stage_stats *s,
+                          uint64_t epoch) {
+    uint64_t *seen = m->fwd_seen[i];
+    bool restart = epoch != m->fwd_epoch[i];
+    for (int b = 0; b <= COORD_FWD_N_BOUNDS && !restart; b++) restart = s->fwd_buckets[b] < seen[b];
+    if (restart) {
+        memset(seen, 0, sizeof m->fwd_seen[i]);
+        m->fwd_sum_seen[i] = 0;
+        m->fwd_epoch[i] = epoch;
+    }
+    uint64_t d[COORD_FWD_N_BOUNDS + 1];
+    for (int b = 0; b <= COORD_FWD_N_BOUNDS; b++) {
+        d[b] = s->fwd_buckets[b] - seen[b];
+        seen[b] = s->fwd_buckets[b];
+    }
+    double dsum = s->fwd_sum_s - m->fwd_sum_seen[i];
+    m->fwd_sum_seen[i] = s->fwd_sum_s;
+    metrics_histogram_merge(metrics_with(m->fwd, v, NULL), d, COORD_FWD_N_BOUNDS + 1, dsum > 0 ? dsum : 0);
+    metrics_counter_add(metrics_with(m->hops, v, NULL), grown((double)s->hops, &m->last_hops[i]));
+    metrics_counter_add(metrics_with(m->hop_s, v, NULL), grown(s->hop_sum_s, &m->last_hop_s[i]));
+    metrics_gauge_set(metrics_with(m->load, v, NULL), s->load_seconds);
+}
+
 static void collect(metrics_registry *r, void *ud) {
     (void)r;
     coord_metrics *m = ud;
@@ -50,6 +95,7 @@ static void collect(metrics_registry *r, void *ud) {
     metrics_gauge_set(m->kv_used, st->kv_blocks_used);
     metrics_gauge_set(m->kv_free, st->kv_blocks_free);
     metrics_kv_collect(&m->kv, st);
+    metrics_gauge_set(m->epoch, (double)st->epoch);
     if (st->recoveries > m->last_recoveries) {
         metrics_counter_add(m->recoveries, (double)(st->recoveries - m->last_recoveries));
         m->last_recoveries = st->recoveries;
@@ -87,6 +133,7 @@ static void collect(metrics_registry *r, void *ud) {
         } else {
             metrics_counter_add(metrics_with(m->frames, v, NULL), 0);
         }
+        collect_stage(m, i, v, s, st->epoch);
     }
     /* Workers come and go: re-set the series of those that exist now. */
     metrics_family_reset(m->wstate);
@@ -107,13 +154,27 @@ static void collect(metrics_registry *r, void *ud) {
     free(st);
 }
 
-coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
+coord_metrics *coord_metrics_new(coord_engine *engine, const char *model_name, st_err *err) {
     coord_metrics *m = calloc(1, sizeof *m);
     if (!m) return (void)st_errf(err, "metrics: out of memory"), NULL;
     m->engine = engine;
+    m->model_name = strdup(model_name ? model_name : "strata");
+    if (!m->model_name) {
+        free(m);
+        return (void)st_errf(err, "metrics: out of memory"), NULL;
+    }
     if (!(m->reg = metrics_registry_new(err))) goto fail;
-    static const double ttft_b[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-    static const double tpot_b[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+    /* vLLM's TTFT buckets (vllm/v1/metrics/loggers.py), from 1 ms. */
+    static const double ttft_b[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                    1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560};
+    static const double tpot_b[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                    0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80};
+    /* Request phases: vLLM's, with finer steps below 0.3 s for small models. */
+    static const double req_b[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10,
+                                   15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680};
+    /* Token counts: vLLM's 1-2-5 series. */
+    static const double tok_b[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000,
+                                   20000, 50000, 100000, 200000, 500000, 1000000};
     metrics_family *f;
     if (!(m->requests = metrics_counter(m->reg, "strata_requests_total",
                                         "HTTP API requests answered, by route and status code "
@@ -128,29 +189,71 @@ coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
     do {                                                                                 \
         if (!(f = (expr)) || !((dst) = metrics_with(f, NULL, err))) goto fail;           \
     } while (0)
-    ONE(metrics_histogram(m->reg, "strata_time_to_first_token_seconds",
-                          "Time from request arrival to its first generated token.", NULL, ttft_b,
-                          sizeof ttft_b / sizeof *ttft_b, err),
-        m->ttft);
-    ONE(metrics_histogram(m->reg, "strata_time_per_output_token_seconds",
-                          "Time between consecutive generated tokens of a request.", NULL, tpot_b,
-                          sizeof tpot_b / sizeof *tpot_b, err),
-        m->tpot);
-    ONE(metrics_counter(m->reg, "strata_prompt_tokens_total", "Prompt tokens prefilled.", NULL, err),
-        m->prompt);
-    ONE(metrics_counter(m->reg, "strata_generation_tokens_total", "Tokens generated.", NULL, err),
-        m->generated);
-    ONE(metrics_gauge(m->reg, "strata_queue_depth", "Requests waiting for a scheduler slot.", NULL,
-                      err),
-        m->queue);
-    ONE(metrics_gauge(m->reg, "strata_requests_running",
-                      "Requests being prefilled or decoded.", NULL, err),
-        m->running);
+    const char *mv[] = {m->model_name};
+#define MODEL(expr, dst)                                                                 \
+    do {                                                                                 \
+        if (!(f = (expr)) || !((dst) = metrics_with(f, mv, err))) goto fail;             \
+    } while (0)
+#define HIST(name, help, b) metrics_histogram(m->reg, name, help, "model_name", b, sizeof b / sizeof *b, err)
+    MODEL(HIST("strata_time_to_first_token_seconds",
+               "Time from request arrival to its first generated token.", ttft_b),
+          m->ttft);
+    MODEL(HIST("strata_time_per_output_token_seconds",
+               "Time between consecutive generated tokens of a request (inter-token latency).", tpot_b),
+          m->tpot);
+    MODEL(HIST("strata_e2e_request_latency_seconds",
+               "Time from request arrival to its last byte, for requests that finished (stop or length).",
+               req_b),
+          m->e2e);
+    MODEL(HIST("strata_request_queue_time_seconds",
+               "Time from request arrival to its first micro-batch sent to the stages.", req_b),
+          m->queue_time);
+    MODEL(HIST("strata_request_prefill_time_seconds",
+               "Time from the request's first micro-batch to its first token.", req_b),
+          m->prefill);
+    MODEL(HIST("strata_request_decode_time_seconds",
+               "Time from the request's first token to its last.", req_b),
+          m->decode);
+    MODEL(HIST("strata_request_inference_time_seconds",
+               "Time from the request's first micro-batch to its last token (prefill + decode).", req_b),
+          m->inference);
+    MODEL(HIST("strata_request_time_per_output_token_seconds",
+               "Per request: its decode time over its generated tokens after the first.", tpot_b),
+          m->req_tpot);
+    MODEL(HIST("strata_request_prompt_tokens", "Prompt tokens of each finished request (usage).", tok_b),
+          m->req_prompt);
+    MODEL(HIST("strata_request_generation_tokens", "Generated tokens of each finished request (usage).",
+               tok_b),
+          m->req_gen);
+    MODEL(HIST("strata_request_params_max_tokens", "The max_tokens of each finished request.", tok_b),
+          m->req_max_tokens);
+#undef HIST
+    if (!(m->success = metrics_counter(m->reg, "strata_request_success_total",
+                                       "Requests that finished, by why: stop (EOS, a stop string or "
+                                       "token), length (max_tokens or the context), abort (the client "
+                                       "left).",
+                                       "model_name,finished_reason", err)))
+        goto fail;
+    MODEL(metrics_counter(m->reg, "strata_prompt_tokens_total", "Prompt tokens prefilled.", "model_name",
+                          err),
+          m->prompt);
+    MODEL(metrics_counter(m->reg, "strata_generation_tokens_total", "Tokens generated.", "model_name", err),
+          m->generated);
+    MODEL(metrics_gauge(m->reg, "strata_num_requests_waiting", "Requests waiting for a scheduler slot.",
+                        "model_name", err),
+          m->queue);
+    MODEL(metrics_gauge(m->reg, "strata_num_requests_running", "Requests being prefilled or decoded.",
+                        "model_name", err),
+          m->running);
+#undef MODEL
     ONE(metrics_gauge(m->reg, "strata_kv_blocks_used", "KV cache blocks held by sequences.", NULL,
                       err),
         m->kv_used);
     ONE(metrics_gauge(m->reg, "strata_kv_blocks_free", "KV cache blocks free.", NULL, err),
         m->kv_free);
+    ONE(metrics_gauge(m->reg, "strata_placement_epoch",
+                      "Epoch of the serving placement (0: none serves; static mode: 1).", NULL, err),
+        m->epoch);
     ONE(metrics_counter(m->reg, "strata_recoveries_total",
                         "Stage losses the coordinator recovered from (or is recovering from).",
                         NULL, err),
@@ -195,6 +298,22 @@ coord_metrics *coord_metrics_new(coord_engine *engine, st_err *err) {
                                   "Seconds since the worker last reported.", "worker", err)))
         goto fail;
     if (metrics_kv_register(m->reg, &m->kv, err) != 0) goto fail;
+    static const double fwd_b[COORD_FWD_N_BOUNDS] = COORD_FWD_BOUNDS;
+    if (!(m->fwd = metrics_histogram(m->reg, "strata_stage_forward_seconds",
+                                     "Time of each forward (micro-batch) of the stage, from its "
+                                     "worker's forward intervals.",
+                                     "stage", fwd_b, COORD_FWD_N_BOUNDS, err)) ||
+        !(m->hops = metrics_counter(m->reg, "strata_stage_hops_total",
+                                    "Outputs the stage's worker handed to its next hop.", "stage", err)) ||
+        !(m->hop_s = metrics_counter(m->reg, "strata_stage_hop_seconds_total",
+                                     "Summed time of those hand-offs, send to transport completion "
+                                     "(divide by strata_stage_hops_total for the mean hop latency).",
+                                     "stage", err)) ||
+        !(m->load = metrics_gauge(m->reg, "strata_stage_load_seconds",
+                                  "How long the stage's current load took (0 while not loaded).",
+                                  "stage", err)))
+        goto fail;
+    if (process_metrics_register(m->reg, err) != 0) goto fail;
     metrics_registry_set_collector(m->reg, collect, m);
     return m;
 fail:
@@ -205,6 +324,7 @@ fail:
 void coord_metrics_free(coord_metrics *m) {
     if (!m) return;
     metrics_registry_free(m->reg);
+    free(m->model_name);
     free(m);
 }
 
@@ -227,6 +347,26 @@ void coord_metrics_prompt_tokens(coord_metrics *m, int n) {
 }
 void coord_metrics_generated_tokens(coord_metrics *m, int n) {
     if (m) metrics_counter_add(m->generated, n);
+}
+
+void coord_metrics_request_done(coord_metrics *m, const coord_request_times *t) {
+    if (!m || !t->finished_reason) return;
+    const char *v[] = {m->model_name, t->finished_reason};
+    metrics_counter_add(metrics_with(m->success, v, NULL), 1);
+    if (!strcmp(t->finished_reason, "abort")) return;
+    metrics_histogram_observe(m->e2e, t->end - t->arrival);
+    if (t->scheduled > 0) metrics_histogram_observe(m->queue_time, t->scheduled - t->arrival);
+    if (t->scheduled > 0 && t->first_token > 0) {
+        metrics_histogram_observe(m->prefill, t->first_token - t->scheduled);
+        metrics_histogram_observe(m->decode, t->last_token - t->first_token);
+        metrics_histogram_observe(m->inference, t->last_token - t->scheduled);
+    }
+    if (t->generation_tokens > 1 && t->first_token > 0)
+        metrics_histogram_observe(m->req_tpot,
+                                  (t->last_token - t->first_token) / (t->generation_tokens - 1));
+    metrics_histogram_observe(m->req_prompt, t->prompt_tokens);
+    metrics_histogram_observe(m->req_gen, t->generation_tokens);
+    metrics_histogram_observe(m->req_max_tokens, t->max_tokens);
 }
 
 char *coord_metrics_render(coord_metrics *m, size_t *len, st_err *err) {

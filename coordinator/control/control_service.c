@@ -132,7 +132,7 @@ static void lr_on_finish(void *ctx, enum coord_finish reason, const char *messag
     free(q);
     sink.on_finish(uctx, reason, message);
 }
-static const coord_sink lr_sink = {lr_on_prompt, lr_on_token, lr_on_finish};
+static const coord_sink lr_sink = {lr_on_prompt, lr_on_token, lr_on_finish, NULL};
 
 int ctl_eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                       uint64_t *id_out, st_err *err) {

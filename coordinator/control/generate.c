@@ -99,7 +99,7 @@ static void g_on_finish(void *ctx, enum coord_finish reason, const char *message
     stream_free(s, g);
 }
 
-static const coord_sink gen_sink = {g_on_prompt, g_on_token, g_on_finish};
+static const coord_sink gen_sink = {g_on_prompt, g_on_token, g_on_finish, NULL};
 
 void ctl_h_generate(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_service *s = ud;

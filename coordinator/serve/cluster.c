@@ -102,6 +102,11 @@ typedef struct stage_link {
      * StatsRequest asks for intervals ending after it) */
     uint64_t (*fwd)[2];
     uint64_t fwd_n, fwd_last_end;
+    /* GET /metrics (coord_stage_stats): forward durations, hops, load time */
+    uint64_t fwd_buckets[COORD_FWD_N_BOUNDS + 1];
+    double fwd_sum_s;
+    uint64_t hops;
+    double hop_sum_s, load_seconds;
 } stage_link;
 
 /* One request (the scheduler's `user`). */
@@ -117,6 +122,7 @@ typedef struct creq {
     int n_gen, cap_gen;
     uint64_t seed;
     bool prompt_sent;
+    bool scheduled; /* sink.on_scheduled was called (its first batch went out) */
     int n_failed; /* hold mode: its batches that failed in a row (BatchError) */
     bool in_cb;   /* a sink callback of this request is running */
     bool dead;    /* cancelled from inside a callback: free after it returns */
@@ -351,6 +357,14 @@ static void pump_launch(cluster *c) {
                     (unsigned long long)b->id, err.msg[0] ? err.msg : "stage 0 not connected");
             sched_abort_batch(c->s, b->id, &err);
             return; /* the link's on_disconnect (or a later change) decides what next */
+        }
+        /* Prefill starts: tell the front ends that time (engine_api.h). */
+        for (int i = 0; i < b->n_seqs; i++) {
+            creq *r = b->seqs[i].user;
+            if (b->seqs[i].pos == 0 && !r->scheduled) {
+                r->scheduled = true;
+                if (r->sink.on_scheduled) r->sink.on_scheduled(r->ctx);
+            }
         }
         for (int i = 0; i < c->max_inflight; i++)
             if (!c->inflight[i]) {
@@ -814,6 +828,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         if (l->state == LINK_READY) break;
         l->state = LINK_READY;
         l->kv_blocks = r->kv_blocks;
+        l->load_seconds = r->load_seconds;
         ST_INFO("cluster: stage %d at %s:%d ready: %llu weight bytes, %d KV blocks, loaded in %.2f s",
                 l->index, l->host, l->port, (unsigned long long)r->weight_bytes, r->kv_blocks,
                 r->load_seconds);
@@ -841,6 +856,8 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         }
         l->bytes_sent = s->bytes_sent;
         l->frames_sent = s->frames_sent;
+        l->hops = s->hops;
+        l->hop_sum_s = s->hop_seconds;
         l->dropped_frames = s->dropped_frames;
         l->fenced_frames = s->fenced_frames;
         l->stats_at = st_now_s();
@@ -861,6 +878,12 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
             l->fwd[l->fwd_n % FWD_KEEP][1] = b;
             l->fwd_n++;
             l->fwd_last_end = b;
+            static const double bounds[COORD_FWD_N_BOUNDS] = COORD_FWD_BOUNDS;
+            double d = (double)(b - a) * 1e-9;
+            int k = 0;
+            while (k < COORD_FWD_N_BOUNDS && !(d <= bounds[k])) k++;
+            l->fwd_buckets[k]++;
+            l->fwd_sum_s += d;
         }
         break;
     }
@@ -1279,6 +1302,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->prefix_cache_hits = g_kv.prefix_hit_tokens;
     out->prefill_tokens = g_kv.prefill_tokens;
     out->fenced_frames = g_fenced_frames;
+    out->epoch = c->ready ? c->epoch : 0;
     cluster_recovery_times(out);
     out->recoveries = c->n_recoveries;
     out->sequences_resumed = c->n_resumed;
@@ -1289,6 +1313,11 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
         out->stages[i].busy_ratio = l->busy_ratio;
         out->stages[i].bytes_sent = l->bytes_sent;
         out->stages[i].frames_sent = l->frames_sent;
+        memcpy(out->stages[i].fwd_buckets, l->fwd_buckets, sizeof l->fwd_buckets);
+        out->stages[i].fwd_sum_s = l->fwd_sum_s;
+        out->stages[i].hops = l->hops;
+        out->stages[i].hop_sum_s = l->hop_sum_s;
+        out->stages[i].load_seconds = l->state == LINK_READY ? l->load_seconds : 0;
         coord_worker_stats *w = &out->workers[i];
         snprintf(w->name, sizeof w->name, "%s",
                  l->worker_name[0] ? l->worker_name : c->cfg->stages[i].name);

@@ -15,7 +15,10 @@
  *   an incomplete UTF-8 sequence; lp non-NULL when req->logprobs), then
  *   exactly one on_finish: STOP (EOS), LENGTH (max_tokens or the context) or
  *   ERROR (the message says why). The EOS token itself is not passed to
- *   on_token.
+ *   on_token. on_scheduled (optional, NULL = not wanted) is called when the
+ *   request's first micro-batch has been sent to the stages (its prefill
+ *   starts; again after a recovery re-prefills it): it only observes and
+ *   must not call the engine.
  * - cancel(id) may be called at any time, also from inside a sink callback of
  *   that request; after it returns no callback for that id is ever made, and
  *   the engine frees the sequence (and its KV blocks) as soon as it can.
@@ -77,15 +80,33 @@ typedef struct coord_sink {
     void (*on_token)(void *ctx, int32_t id, const char *piece, size_t len,
                      const coord_logprobs *lp);
     void (*on_finish)(void *ctx, enum coord_finish reason, const char *message);
+    void (*on_scheduled)(void *ctx); /* optional; see the contract above */
 } coord_sink;
 
 /* Engine state for GET /metrics (coordinator/api/metrics_coord.h). */
 #define COORD_STATS_MAX_STAGES 64
 #define COORD_NAME_LEN 64
+/* Forward-time histogram bounds (seconds) of coord_stage_stats.fwd_buckets. */
+#define COORD_FWD_BOUNDS                                                                     \
+    {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, \
+     5, 10}
+#define COORD_FWD_N_BOUNDS 16
+
 typedef struct coord_stage_stats {
     double busy_ratio;       /* fraction of the last >= 1 s window the stage computed (0..1) */
     uint64_t bytes_sent;     /* the worker's transport counters (cumulative) */
     uint64_t frames_sent;
+    /* The stage's forwards (its StageStats forward intervals), cumulative for
+     * this placement epoch: per-bucket counts over COORD_FWD_BOUNDS (the last
+     * is +Inf) and the sum of their durations in seconds. */
+    uint64_t fwd_buckets[COORD_FWD_N_BOUNDS + 1];
+    double fwd_sum_s;
+    /* Hand-offs of the stage's output to its next hop (StageStats hops,
+     * hop_seconds: the worker's send until the transport completed it),
+     * cumulative over the worker's life. */
+    uint64_t hops;
+    double hop_sum_s;
+    double load_seconds;     /* how long the stage's latest load took (StageReady); 0 = not loaded */
 } coord_stage_stats;
 
 typedef struct coord_worker_stats {
@@ -107,6 +128,7 @@ typedef struct coord_engine_stats {
     uint64_t prefix_cache_hits;    /* of those, found (their prefill skipped) */
     uint64_t prefill_tokens;       /* tokens (re-)prefilled by the stages */
     int n_stages;            /* <= COORD_STATS_MAX_STAGES */
+    uint64_t epoch;          /* the serving placement's epoch (0: none; static mode: 1) */
     coord_stage_stats stages[COORD_STATS_MAX_STAGES];
     int n_workers;           /* <= COORD_STATS_MAX_STAGES */
     coord_worker_stats workers[COORD_STATS_MAX_STAGES];

@@ -124,9 +124,10 @@ def promtool(text):
 
 
 def metric_value(text, name):
+    """The value of the first series of `name` (labels or not)."""
     for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
     return None
 
 
@@ -222,9 +223,9 @@ def mode_metrics(args):
         last = texts[-1]
         print("\n".join(l for l in last.splitlines()
                         if not l.startswith("#") and "_bucket" not in l))
-        running = metric_value(texts[0], "strata_requests_running")
+        running = metric_value(texts[0], "strata_num_requests_running")
         check(running is not None and running > 0,
-              "strata_requests_running %s > 0 while requests run" % running)
+              "strata_num_requests_running %s > 0 while requests run" % running)
         gen = metric_value(last, "strata_generation_tokens_total")
         check(gen and gen > 0 and gen > metric_value(texts[0], "strata_generation_tokens_total"),
               "strata_generation_tokens_total grows (%s)" % gen)

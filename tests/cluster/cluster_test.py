@@ -61,7 +61,8 @@ from harness import FAILS, NetnsBridge, check, netns_unavailable, check_streams,
 
 
 class Cluster:
-    """Workers + coordinator. stages: list of dicts {tp, host, netns}."""
+    """Workers + coordinator. stages: list of dicts {tp, host, netns, args (extra
+    worker flags)}."""
 
     def __init__(self, args, stages, partition=None, extra_cfg="", threads_per_rank=1,
                  model=None, coord_args=(), kv_blocks=512):
@@ -94,6 +95,7 @@ class Cluster:
             self.worker_addrs.append((host, port))
             cmd = [self.args.worker, "--listen", "%s:%d" % (host, port),
                    "--threads", str(st["tp"] * self.threads_per_rank), "--name", "w%d" % i]
+            cmd += st.get("args", [])  # extra worker flags
             if st.get("netns"):
                 cmd = ["ip", "netns", "exec", st["netns"]] + cmd
             self.worker_cmds.append(cmd)

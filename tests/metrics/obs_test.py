@@ -17,6 +17,24 @@ MODE
   routes     strata_requests_total{route,status} counts API requests by a
              fixed route set (an unknown path is "other"); probes and
              /metrics scrapes count only in strata_ops_requests_total
+  requests   vLLM's per-request metrics after 8 completions (plain, stream,
+             chat, n=2) and 1 abandoned stream: every histogram count is the
+             number of finished requests, the token histograms' sums equal
+             the usage the client got, success_total by finished_reason
+             matches the finish reasons (abort counted apart), per-stage
+             forward/hop/load, epoch, KV usage, process_* and build info
+  worker     each worker's --metrics-listen /metrics: forward and hop
+             histograms agree with the work done, bytes/frames counters,
+             KV, stage info, process_*; 404/405 on other paths and methods;
+             a non-loopback --metrics-listen is refused without
+             --metrics-insecure
+  promtool   `promtool check metrics` on the coordinator's and a worker's
+             /metrics after traffic (exit 77 when promtool is missing)
+
+Every scrape also passes check_exposition(): this file's own check of the
+text format 0.0.4 (families declared once, before their samples; names and
+labels; counters end in _total; cumulative buckets; +Inf == _count), so
+the format is checked even where promtool is absent.
 """
 import argparse
 import http.client
@@ -91,9 +109,45 @@ def request(cl, method, path, body=None, headers=None):
 
 
 def metrics_text(cl):
-    st, b = request(cl, "GET", "/metrics")
-    check(st == 200, "GET /metrics -> %d" % st)
-    return b.decode()
+    c = http.client.HTTPConnection("127.0.0.1", cl.http_port, timeout=120)
+    try:
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        body = r.read().decode()
+        check(r.status == 200 and r.getheader("Content-Type") ==
+              "text/plain; version=0.0.4; charset=utf-8",
+              "GET /metrics -> %d %s" % (r.status, r.getheader("Content-Type")))
+    finally:
+        c.close()
+    check_exposition(body, "coordinator /metrics")
+    return body
+
+
+def worker_metrics(port, path="/metrics", method="GET"):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request(method, path)
+        r = c.getresponse()
+        return r.status, r.getheader("Content-Type"), r.read().decode(errors="replace")
+    finally:
+        c.close()
+
+
+def worker_metrics_ports(cl):
+    """The --metrics-listen ports the workers printed ("strata-worker: metrics on H:P")."""
+    ports = []
+    for i in range(len(cl.stages)):
+        path = os.path.join(cl.tmp, "worker%d.log" % i)
+        deadline = time.time() + 20
+        port = None
+        while port is None and time.time() < deadline:
+            with open(path, errors="replace") as f:
+                m = re.search(r"^strata-worker: metrics on [^\n]*:(\d+)$", f.read(), re.M)
+            port = int(m.group(1)) if m else None
+            if port is None:
+                time.sleep(0.05)
+        ports.append(port)
+    return ports
 
 
 def samples(text):
@@ -114,6 +168,101 @@ def value(s, name, **labels):
     return s.get((name, frozenset(labels.items())), 0.0)
 
 
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"(,|$)')
+
+
+def check_exposition(text, what):
+    """Checks Prometheus text format 0.0.4 the way promtool's linter and the
+    Prometheus parser read it. Returns the number of problems (each one a
+    failed check)."""
+    problems = []
+    types, helps, seen, order = {}, set(), set(), []
+    hist = {}  # (family, labels without le) -> {"buckets": [(le, v)], "count": v}
+    for n, line in enumerate(text.split("\n"), 1):
+        if line == "":
+            continue
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            parts = line.split(" ", 3)
+            if len(parts) < 4 or not _NAME.match(parts[2]):
+                problems.append("line %d: bad comment %r" % (n, line))
+                continue
+            fam = parts[2]
+            if line.startswith("# TYPE "):
+                if fam in types or parts[3] not in ("counter", "gauge", "histogram", "summary",
+                                                     "untyped"):
+                    problems.append("line %d: TYPE twice or unknown: %r" % (n, line))
+                types[fam] = parts[3]
+                if parts[3] == "counter" and not fam.endswith("_total"):
+                    problems.append("line %d: counter %s does not end in _total" % (n, fam))
+                if fam in order:
+                    problems.append("line %d: %s's samples came before its TYPE" % (n, fam))
+            else:
+                if fam in helps:
+                    problems.append("line %d: HELP twice for %s" % (n, fam))
+                helps.add(fam)
+            continue
+        if line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? ([^ ]+)$", line)
+        if not m:
+            problems.append("line %d: not a sample: %r" % (n, line))
+            continue
+        name, body, val = m.group(1), m.group(3) or "", m.group(4)
+        labels, pos = [], 0
+        while pos < len(body):
+            lm = _LABEL.match(body, pos)
+            if not lm:
+                problems.append("line %d: bad labels %r" % (n, body))
+                break
+            labels.append((lm.group(1), lm.group(2)))
+            pos = lm.end()
+        if len(set(k for k, _ in labels)) != len(labels) or any(k.startswith("__") for k, _ in labels):
+            problems.append("line %d: duplicate or reserved label" % n)
+        try:
+            v = float(val)
+        except ValueError:
+            problems.append("line %d: bad value %r" % (n, val))
+            continue
+        fam = name
+        for suf in ("_bucket", "_sum", "_count"):
+            if name.endswith(suf) and types.get(name[:-len(suf)]) == "histogram":
+                fam = name[:-len(suf)]
+        if fam not in types:
+            problems.append("line %d: sample of %s before (or without) its TYPE" % (n, name))
+        if fam not in order:
+            if order and fam in order[:-1]:
+                problems.append("line %d: %s's samples are not together" % (n, fam))
+            order.append(fam)
+        key = (name, tuple(labels))
+        if key in seen:
+            problems.append("line %d: series twice: %s" % (n, line))
+        seen.add(key)
+        if types.get(fam) == "counter" and v < 0:
+            problems.append("line %d: negative counter" % n)
+        if types.get(fam) == "histogram":
+            rest = tuple((k, x) for k, x in labels if k != "le")
+            h = hist.setdefault((fam, rest), {"buckets": [], "count": None})
+            if name.endswith("_bucket"):
+                le = dict(labels).get("le")
+                if le is None:
+                    problems.append("line %d: bucket without le" % n)
+                else:
+                    h["buckets"].append((float(le), v))
+            elif name.endswith("_count"):
+                h["count"] = v
+    for (fam, rest), h in hist.items():
+        les = [le for le, _ in h["buckets"]]
+        vals = [v for _, v in h["buckets"]]
+        if not les or les[-1] != float("inf") or les != sorted(les) or vals != sorted(vals) or \
+                h["count"] != vals[-1]:
+            problems.append("histogram %s%s: buckets %s, count %s" % (fam, dict(rest), h["buckets"][-3:],
+                                                                     h["count"]))
+    check(not problems, "%s: the exposition is valid text format 0.0.4 (%d families)%s"
+          % (what, len(types), "" if not problems else ": " + "; ".join(problems[:5])))
+    return len(problems)
+
+
 def wait_log(path, pred, skip=0, timeout=10):
     """The coordinator's records after the first `skip`, once pred holds."""
     deadline = time.time() + timeout
@@ -124,8 +273,38 @@ def wait_log(path, pred, skip=0, timeout=10):
         time.sleep(0.05)
 
 
-def new_cluster(args, coord_args=()):
-    return ct.Cluster(args, [{"tp": 1}, {"tp": 1}], coord_args=list(coord_args))
+def new_cluster(args, coord_args=(), worker_metrics=False):
+    extra = ["--metrics-listen", "127.0.0.1:0"] if worker_metrics else []
+    return ct.Cluster(args, [{"tp": 1, "args": extra}, {"tp": 1, "args": extra}],
+                      coord_args=list(coord_args))
+
+
+def completion(cl, path, obj):
+    """POST; returns (status, body dict, finish reasons, usage). Streams are
+    read to [DONE] with include_usage."""
+    if not obj.get("stream"):
+        st, b = request(cl, "POST", path, json.dumps(obj).encode())
+        j = json.loads(b)
+        return st, j, [ch["finish_reason"] for ch in j.get("choices", [])], j.get("usage")
+    obj = dict(obj, stream_options={"include_usage": True})
+    c = http.client.HTTPConnection("127.0.0.1", cl.http_port, timeout=120)
+    try:
+        c.request("POST", path, body=json.dumps(obj).encode(),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        fin, usage, last = {}, None, None
+        for j in sse_events(r):
+            if j is None:
+                break
+            last = j
+            for ch in j.get("choices") or []:
+                if ch.get("finish_reason"):
+                    fin[ch.get("index", 0)] = ch["finish_reason"]
+            if j.get("usage"):
+                usage = j["usage"]
+        return r.status, last, [fin[k] for k in sorted(fin)], usage
+    finally:
+        c.close()
 
 
 # ---------------------------------------------------------------- modes
@@ -300,6 +479,269 @@ def mode_routes(args):
         cl.kill()
 
 
+def mode_requests(args):
+    with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
+        refs = json.load(f)
+    cl = new_cluster(args)
+    try:
+        cl.start()
+        model = json.loads(request(cl, "GET", "/v1/models")[1])["data"][0]["id"]
+        before = samples(metrics_text(cl))
+        C, CH = "/v1/completions", "/v1/chat/completions"
+        reqs = [
+            (C, {"prompt": refs[0]["prompt"], "max_tokens": 16, "temperature": 0}),
+            (C, {"prompt": refs[1]["prompt"], "max_tokens": 64, "temperature": 0,
+                 "stop": ["box"]}),  # the greedy text has "box": finish_reason stop
+            (C, {"prompt": refs[2]["prompt"], "max_tokens": 9, "temperature": 0.9, "seed": 3,
+                 "ignore_eos": True}),
+            (C, {"prompt": refs[3]["prompt"], "max_tokens": 12, "stream": True}),
+            (C, {"prompt": refs[4]["prompt"], "max_tokens": 7, "n": 2, "temperature": 0.8,
+                 "seed": 1}),
+            (CH, {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 20}),
+            (CH, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+                  "stream": True}),
+            (C, {"prompt": [1, 2, 3, 4], "max_tokens": 3}),
+        ]
+        fins, prompt_sum, gen_sum, usages = [], 0, 0, []
+        for path, obj in reqs:
+            st, _, fin, usage = completion(cl, path, obj)
+            usages.append(usage or {})
+            check(st == 200 and fin and usage, "%s %s -> %d %s %s" % (path, list(obj)[:3], st, fin, usage))
+            fins.append(fin[0] if fin else None)
+            prompt_sum += (usage or {}).get("prompt_tokens", 0)
+            gen_sum += (usage or {}).get("completion_tokens", 0)
+        # One stream the client abandons: an abort, in no histogram.
+        s_ = http.client.HTTPConnection("127.0.0.1", cl.http_port, timeout=120)
+        s_.request("POST", C, body=json.dumps({"prompt": refs[0]["prompt"], "max_tokens": 400,
+                                                "ignore_eos": True, "stream": True}).encode(),
+                   headers={"Content-Type": "application/json"})
+        next(sse_events(s_.getresponse()))
+        s_.sock.close()
+        s_.close()
+        deadline = time.time() + 10
+        while True:
+            after = samples(metrics_text(cl))
+            aborts = value(after, "strata_request_success_total", model_name=model,
+                           finished_reason="abort")
+            # (stage counters come with the StageStats poll, every 100 ms)
+            if (aborts >= 1 and value(after, "strata_stage_hops_total", stage="0") > 0) or \
+                    time.time() > deadline:
+                break
+            time.sleep(0.1)
+        n = len(reqs)
+        print("finish reasons %s, usage: %d prompt + %d generated tokens" % (fins, prompt_sum, gen_sum))
+
+        def d(name, **labels):
+            return value(after, name, **labels) - value(before, name, **labels)
+
+        for h in ("strata_e2e_request_latency_seconds", "strata_request_queue_time_seconds",
+                  "strata_request_prefill_time_seconds", "strata_request_decode_time_seconds",
+                  "strata_request_inference_time_seconds", "strata_request_prompt_tokens",
+                  "strata_request_generation_tokens", "strata_request_params_max_tokens",
+                  "strata_request_time_per_output_token_seconds"):
+            got = d(h + "_count", model_name=model)
+            check(got == n, "%s_count grew by %d, the finished requests (got %s)" % (h, n, got))
+            inf = d(h + "_bucket", model_name=model, le="+Inf")
+            check(inf == n, "%s +Inf bucket grew by %d (got %s)" % (h, n, inf))
+        # TTFT is observed at the first token: the abandoned stream had one too.
+        got = d("strata_time_to_first_token_seconds_count", model_name=model)
+        check(got == n + 1, "strata_time_to_first_token_seconds_count grew by %d (got %s)" % (n + 1, got))
+        check(d("strata_request_prompt_tokens_sum", model_name=model) == prompt_sum,
+              "strata_request_prompt_tokens_sum grew by the usage prompt_tokens %d (got %s)"
+              % (prompt_sum, d("strata_request_prompt_tokens_sum", model_name=model)))
+        check(d("strata_request_generation_tokens_sum", model_name=model) == gen_sum,
+              "strata_request_generation_tokens_sum grew by the usage completion_tokens %d (got %s)"
+              % (gen_sum, d("strata_request_generation_tokens_sum", model_name=model)))
+        # The counter also has the abandoned stream's prompt (request 0's prompt).
+        want = prompt_sum + usages[0].get("prompt_tokens", 0)
+        check(d("strata_prompt_tokens_total", model_name=model) == want,
+              "strata_prompt_tokens_total grew by %d (got %s)"
+              % (want, d("strata_prompt_tokens_total", model_name=model)))
+        g = d("strata_generation_tokens_total", model_name=model)
+        check(g >= gen_sum, "strata_generation_tokens_total grew by >= %d (got %s; the abandoned "
+              "stream adds its own)" % (gen_sum, g))
+        max_sum = sum(o.get("max_tokens", 0) for _, o in reqs)
+        check(d("strata_request_params_max_tokens_sum", model_name=model) == max_sum,
+              "strata_request_params_max_tokens_sum grew by %d" % max_sum)
+        for reason in ("stop", "length"):
+            got = d("strata_request_success_total", model_name=model, finished_reason=reason)
+            check(got == fins.count(reason), "success_total{finished_reason=%s} grew by %d (got %s)"
+                  % (reason, fins.count(reason), got))
+        check(fins.count("stop") >= 1 and fins.count("length") >= 1, "both reasons occurred: %s" % fins)
+        check(d("strata_request_success_total", model_name=model, finished_reason="abort") == 1,
+              "the abandoned stream counts once as abort")
+        # Phases add up: queue + prefill + decode <= e2e, per request sums.
+        e2e = d("strata_e2e_request_latency_seconds_sum", model_name=model)
+        parts = sum(d(h + "_sum", model_name=model) for h in (
+            "strata_request_queue_time_seconds", "strata_request_prefill_time_seconds",
+            "strata_request_decode_time_seconds"))
+        check(0 < parts <= e2e + 1e-6, "queue + prefill + decode (%.4f s) <= e2e (%.4f s)" % (parts, e2e))
+        # Per stage, from the workers' StageStats.
+        for st_ in ("0", "1"):
+            fc = value(after, "strata_stage_forward_seconds_count", stage=st_)
+            fs = value(after, "strata_stage_forward_seconds_sum", stage=st_)
+            check(fc > 0 and fs > 0, "stage %s forwards observed: %d, %.4f s" % (st_, fc, fs))
+            check(value(after, "strata_stage_load_seconds", stage=st_) > 0,
+                  "stage %s load time %s s" % (st_, value(after, "strata_stage_load_seconds", stage=st_)))
+        hops0 = value(after, "strata_stage_hops_total", stage="0")
+        check(hops0 > 0 and value(after, "strata_stage_hop_seconds_total", stage="0") > 0,
+              "stage 0's hand-offs to stage 1 counted (%d) with their time" % hops0)
+        check(value(after, "strata_stage_hops_total", stage="1") == 0,
+              "the last stage has no next hop (0 hops)")
+        check(value(after, "strata_placement_epoch") == 1, "strata_placement_epoch 1")
+        kv = value(after, "strata_kv_cache_usage_perc")
+        check(0 <= kv <= 1 and ("strata_kv_cache_usage_perc", frozenset()) in after,
+              "strata_kv_cache_usage_perc %s in [0, 1]" % kv)
+        for g_ in ("strata_num_requests_running", "strata_num_requests_waiting"):
+            check((g_, frozenset({("model_name", model)})) in after, "%s{model_name} present" % g_)
+        check_process(after, cl.coordinator.pid, "coordinator")
+        ct.finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def check_process(s, pid, what):
+    """process_* and strata_build_info of a scrape s, against /proc of pid."""
+    with open("/proc/%d/stat" % pid) as f:
+        stat = f.read()
+    with open("/proc/stat") as f:
+        btime = int([l for l in f if l.startswith("btime ")][0].split()[1])
+    start = btime + int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    got = value(s, "process_start_time_seconds")
+    check(abs(got - start) < 0.02, "%s process_start_time_seconds %.2f == /proc's %.2f" % (what, got, start))
+    rss = value(s, "process_resident_memory_bytes")
+    check(rss > 1 << 20 and value(s, "process_virtual_memory_bytes") > rss,
+          "%s resident %d bytes < virtual %d" % (what, rss, value(s, "process_virtual_memory_bytes")))
+    fds = value(s, "process_open_fds")
+    check(3 <= fds <= value(s, "process_max_fds"), "%s open fds %d <= max %d"
+          % (what, fds, value(s, "process_max_fds")))
+    check(value(s, "process_cpu_seconds_total") > 0, "%s cpu seconds > 0" % what)
+    bi = [dict(k[1]) for k, v in s.items() if k[0] == "strata_build_info" and v == 1]
+    check(len(bi) == 1 and re.match(r"^\d+\.\d+\.\d+", bi[0].get("version", "")) and
+          bi[0].get("commit") and bi[0].get("build_type"), "%s strata_build_info %s" % (what, bi))
+
+
+def mode_worker(args):
+    with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
+        refs = json.load(f)
+    # A non-loopback address needs the explicit opt-in.
+    r = subprocess.run([args.worker, "--listen", "127.0.0.1:0", "--metrics-listen", "0.0.0.0:0"],
+                       capture_output=True, timeout=30)
+    check(r.returncode == 2 and b"--metrics-insecure" in r.stderr,
+          "--metrics-listen 0.0.0.0 without --metrics-insecure -> exit %d %s" % (r.returncode, r.stderr[:300]))
+    cl = new_cluster(args, worker_metrics=True)
+    try:
+        cl.start()
+        ports = worker_metrics_ports(cl)
+        check(all(ports), "both workers serve /metrics: ports %s" % ports)
+        if not all(ports):
+            return
+        for i, path in enumerate(("/", "/metrics/x")):
+            st, _, _ = worker_metrics(ports[0], path)
+            check(st == 404, "worker GET %s -> %d" % (path, st))
+        st, _, _ = worker_metrics(ports[0], "/metrics", "POST")
+        check(st == 405, "worker POST /metrics -> %d" % st)
+        befores = []
+        for p in ports:
+            st, ctype, text = worker_metrics(p)
+            check(st == 200 and ctype == "text/plain; version=0.0.4; charset=utf-8",
+                  "worker GET /metrics -> %d %s" % (st, ctype))
+            check_exposition(text, "worker %d /metrics" % p)
+            befores.append(samples(text))
+        n_tok = 0
+        for k in range(4):
+            st, b, fin, usage = completion(cl, "/v1/completions", {
+                "prompt": refs[k]["prompt"], "max_tokens": 12, "ignore_eos": True})
+            check(st == 200, "completion %d -> %d" % (k, st))
+            n_tok += (usage or {}).get("completion_tokens", 0)
+        time.sleep(0.3)  # the StageStats poll (100 ms) carries the workers' counters
+        coord = samples(metrics_text(cl))
+        for i, p in enumerate(ports):
+            st, _, text = worker_metrics(p)
+            check_exposition(text, "worker %d /metrics" % i)
+            a, b0 = samples(text), befores[i]
+
+            def d(name, **labels):
+                return value(a, name, **labels) - value(b0, name, **labels)
+
+            stg = str(i)
+            fw = d("strata_worker_forward_seconds_count", stage=stg)
+            fwd_total = d("strata_worker_forwards_total")
+            check(fw > 0 and fw == fwd_total,
+                  "worker %d: forward histogram count %d == forwards_total growth %d" % (i, fw, fwd_total))
+            check(d("strata_worker_tokens_total") >= n_tok,
+                  "worker %d: tokens_total grew by >= %d (prompts + generated)" % (i, n_tok))
+            check(0 < d("strata_worker_forward_seconds_sum", stage=stg) <= d("strata_worker_busy_seconds_total") + 1e-3,
+                  "worker %d: forward time sum <= busy seconds" % i)
+            hops = d("strata_worker_hop_seconds_count", stage=stg)
+            if i == 0:
+                check(hops == fw, "worker 0: one hop per forward (%d hops, %d forwards)" % (hops, fw))
+                check(value(coord, "strata_stage_hops_total", stage="0") ==
+                      value(a, "strata_worker_hop_seconds_count", stage="0"),
+                      "the coordinator's strata_stage_hops_total{stage=0} == worker 0's hop count")
+            else:
+                check(hops == 0, "worker 1 (last stage): no hops")
+            check(value(coord, "strata_stage_forward_seconds_count", stage=stg) ==
+                  value(a, "strata_worker_forward_seconds_count", stage=stg),
+                  "the coordinator's forward count for stage %d == the worker's (%s, %s)"
+                  % (i, value(coord, "strata_stage_forward_seconds_count", stage=stg),
+                     value(a, "strata_worker_forward_seconds_count", stage=stg)))
+            # Bytes are payload bytes: stage 0 gets token ids (no payload) and
+            # the last stage sends token frames (no payload).
+            for c_ in ("frames_sent", "frames_received", "bytes_sent" if i == 0 else "bytes_received"):
+                check(d("strata_worker_%s_total" % c_) > 0, "worker %d: %s grew" % (i, c_))
+            check(value(a, "strata_worker_bytes_sent_total") ==
+                  value(coord, "strata_stage_activation_bytes_total", stage=stg) or i == 1,
+                  "worker %d: bytes_sent matches the coordinator's activation bytes" % i)
+            check(value(a, "strata_worker_kv_blocks") == 512, "worker %d: 512 KV blocks" % i)
+            info = [dict(k[1]) for k, v in a.items() if k[0] == "strata_worker_stage_info" and v == 1]
+            check(len(info) == 1 and info[0]["stage"] == stg and info[0]["epoch"] == "1",
+                  "worker %d: stage_info %s" % (i, info))
+            check(value(a, "strata_worker_stage_ready", stage=stg) == 1, "worker %d: stage ready" % i)
+            for z in ("dropped_frames", "fenced_frames", "batch_errors", "bad_frames"):
+                check(value(a, "strata_worker_%s_total" % z) == 0, "worker %d: %s 0" % (i, z))
+            check_process(a, cl.procs[i][1].pid, "worker %d" % i)
+        ct.finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def mode_promtool(args):
+    import shutil
+    if not shutil.which("promtool"):
+        print("SKIP: promtool not found (Debian package prometheus; scripts/bootstrap installs it)")
+        sys.exit(77)
+    with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
+        ref = json.load(f)[0]
+    cl = new_cluster(args, worker_metrics=True)
+    try:
+        cl.start()
+        ports = worker_metrics_ports(cl)
+        for k in range(3):
+            completion(cl, "/v1/completions", {"prompt": ref["prompt"], "max_tokens": 8,
+                                               "stream": k == 1})
+        request(cl, "GET", "/health")
+        request(cl, "GET", "/nope")
+        texts = [("coordinator", metrics_text(cl))]
+        texts += [("worker %d" % i, worker_metrics(p)[2]) for i, p in enumerate(ports) if p]
+        check(len(texts) == 3, "3 scrapes")
+        for what, text in texts:
+            r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                               capture_output=True, timeout=60)
+            out = (r.stdout + r.stderr).decode(errors="replace").strip()
+            check(r.returncode == 0 and not out, "promtool check metrics: %s's /metrics (%d bytes)%s"
+                  % (what, len(text), "" if r.returncode == 0 and not out else ": " + out[:600]))
+        ct.finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode")
@@ -307,7 +749,8 @@ def main():
     ap.add_argument("--worker", required=True)
     ap.add_argument("--shared", default=os.environ.get("STRATA_SHARED", "../shared"))
     args = ap.parse_args()
-    modes = {"logs": mode_logs, "routes": mode_routes}
+    modes = {"logs": mode_logs, "routes": mode_routes, "requests": mode_requests,
+             "worker": mode_worker, "promtool": mode_promtool}
     if args.mode not in modes:
         ap.error("unknown mode %s" % args.mode)
     modes[args.mode](args)

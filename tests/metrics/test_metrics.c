@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/metrics.h"
+#include "common/process_metrics.h"
 #include "tests/testutil.h"
 
 static void check_fmt(double v, const char *want) {
@@ -371,11 +372,85 @@ static void test_promtool(void) {
     CHECK_MSG(rc != 0 && strstr(out, "_total") != NULL, "promtool rc %d: %s", rc, out);
 }
 
+/* ---- collectors, merged histograms, process metrics ---------------------- */
+
+static int n_first, n_second;
+static void first_collector(metrics_registry *r, void *ud) {
+    (void)r;
+    n_first++;
+    metrics_gauge_set(ud, n_first * 10);
+}
+static void second_collector(metrics_registry *r, void *ud) {
+    (void)r;
+    (void)ud;
+    n_second++;
+}
+
+static void test_collectors_and_merge(void) {
+    st_err err = {{0}};
+    metrics_registry *r = metrics_registry_new(&err);
+    REQUIRE(r);
+    metrics_series *g = metrics_with(metrics_gauge(r, "t_g", "g", NULL, &err), NULL, &err);
+    static const double b[] = {0.5, 1};
+    metrics_series *h = metrics_with(metrics_histogram(r, "t_h", "h", NULL, b, 2, &err), NULL, &err);
+    REQUIRE(g && h);
+    metrics_registry_set_collector(r, first_collector, g);
+    CHECK_EQ_INT(metrics_registry_add_collector(r, second_collector, NULL, &err), 0);
+    for (int i = 2; i < METRICS_MAX_COLLECTORS; i++)
+        CHECK_EQ_INT(metrics_registry_add_collector(r, second_collector, NULL, &err), 0);
+    CHECK_EQ_INT(metrics_registry_add_collector(r, second_collector, NULL, &err), -1);
+    /* Merged counts: per bucket (not cumulative), +Inf last; a wrong n is ignored. */
+    metrics_histogram_observe(h, 0.25);
+    metrics_histogram_merge(h, (const uint64_t[]){2, 0, 3}, 3, 7.5);
+    metrics_histogram_merge(h, (const uint64_t[]){9, 9}, 2, 100);
+    char *text = metrics_render(r, NULL, &err);
+    REQUIRE(text);
+    CHECK_EQ_INT(n_first, 1);
+    CHECK_EQ_INT(n_second, METRICS_MAX_COLLECTORS - 1);
+    CHECK(strstr(text, "t_g 10\n") != NULL);
+    CHECK(strstr(text, "t_h_bucket{le=\"0.5\"} 3\nt_h_bucket{le=\"1\"} 3\nt_h_bucket{le=\"+Inf\"} 6\n"
+                       "t_h_sum 7.75\nt_h_count 6\n") != NULL);
+    free(text);
+    metrics_registry_free(r);
+}
+
+static void test_process_metrics(void) {
+    /* comm with spaces and ')' — fields count from the last ')'. */
+    const char *stat = "1234 (a) b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 1 0 "
+                       "5000 104857600 2560 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0\n";
+    process_facts pf = {0};
+    CHECK_EQ_INT(process_facts_parse_stat(stat, 1700000000, 100, 4096, &pf), 0);
+    CHECK(pf.cpu_seconds == 4.0);           /* (250 + 150) / 100 */
+    CHECK(pf.start_time_s == 1700000050.0); /* btime + 5000 / 100 */
+    CHECK(pf.virtual_bytes == 104857600.0);
+    CHECK(pf.resident_bytes == 2560.0 * 4096);
+    CHECK_EQ_INT(process_facts_parse_stat("1234 (x) S 1 2 3", 0, 100, 4096, &pf), -1);
+    CHECK_EQ_INT(process_facts_parse_stat("no paren", 0, 100, 4096, &pf), -1);
+    CHECK_EQ_INT(process_facts_parse_stat(stat, 0, 0, 4096, &pf), -1);
+    CHECK_EQ_INT(process_facts_read(&pf), 0);
+    CHECK(pf.resident_bytes > 0 && pf.virtual_bytes >= pf.resident_bytes && pf.open_fds >= 3 &&
+          pf.max_fds >= pf.open_fds && pf.start_time_s > 1.6e9);
+
+    st_err err = {{0}};
+    metrics_registry *r = metrics_registry_new(&err);
+    REQUIRE(r);
+    CHECK_EQ_INT(process_metrics_register(r, &err), 0);
+    char *text = metrics_render(r, NULL, &err);
+    REQUIRE(text);
+    CHECK(strstr(text, "# TYPE process_cpu_seconds_total counter\n") != NULL);
+    CHECK(strstr(text, "# TYPE process_resident_memory_bytes gauge\n") != NULL);
+    CHECK(strstr(text, "strata_build_info{version=\"") != NULL);
+    free(text);
+    metrics_registry_free(r);
+}
+
 int main(void) {
     test_format_double();
     test_exact_render();
     test_errors();
     test_concurrency();
+    test_collectors_and_merge();
+    test_process_metrics();
     test_promtool();
     return test_summary();
 }
