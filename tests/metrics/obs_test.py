@@ -30,6 +30,11 @@ MODE
              --metrics-insecure
   promtool   `promtool check metrics` on the coordinator's and a worker's
              /metrics after traffic (exit 77 when promtool is missing)
+  grafana    deploy/grafana/strata.json parses as a Grafana dashboard (unique
+             panel ids, grid positions, a query per target, its variables
+             defined) and every metric it queries, with every label it
+             matches or groups by, exists in the /metrics of the coordinator
+             or a worker
 
 Every scrape also passes check_exposition(): this file's own check of the
 text format 0.0.4 (families declared once, before their samples; names and
@@ -742,6 +747,90 @@ def mode_promtool(args):
         cl.kill()
 
 
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or",
+                "unless", "bool", "offset", "inf", "nan"}
+
+
+def promql_selectors(expr):
+    """(metric, [label names matched], [label names grouped]) for each metric
+    in a PromQL expression: identifiers not called as functions, outside
+    strings, label matchers and range brackets."""
+    out = []
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)          # strings
+    e = re.sub(r"\[[^\]]*\]", "", e)                         # [5m], [$__rate_interval]
+    e = re.sub(r"\$\w+", "", e)                               # $variables left outside brackets
+    grouped = []
+    for m in re.finditer(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", e):
+        grouped += [x.strip() for x in m.group(1).split(",") if x.strip()]
+    e = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)
+    for m in re.finditer(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{[^}]*\})?\s*(\()?", e):
+        name, matchers, call = m.group(1), m.group(2), m.group(3)
+        if call or name.lower() in PROMQL_WORDS or re.match(r"^\d", name):
+            continue
+        labels = re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!=|!~|=)", matchers or "")
+        out.append((name, labels, grouped))
+    return out
+
+
+def mode_grafana(args):
+    path = os.path.join(HERE, "..", "..", "deploy", "grafana", "strata.json")
+    with open(path) as f:
+        dash = json.load(f)
+    panels = dash.get("panels", [])
+    ids = [p.get("id") for p in panels]
+    check(dash.get("title") and dash.get("uid") and isinstance(dash.get("schemaVersion"), int),
+          "the dashboard has a title, a uid and a schemaVersion")
+    check(len(ids) == len(set(ids)) and all(isinstance(i, int) for i in ids),
+          "%d panels with unique integer ids" % len(ids))
+    check(all({"x", "y", "w", "h"} <= set(p.get("gridPos", {})) and
+              p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 for p in panels),
+          "every panel has a grid position inside the 24 columns")
+    targets = [(p["title"], t) for p in panels if p.get("type") != "row" for t in p.get("targets", [])]
+    check(all(t.get("expr") for _, t in targets) and
+          all(p.get("targets") for p in panels if p.get("type") != "row"),
+          "every panel has targets, every target a query (%d)" % len(targets))
+    var_names = {v["name"] for v in dash.get("templating", {}).get("list", [])}
+    used = set(re.findall(r"\$\{?(\w+)", json.dumps(dash)))
+    builtin = {"__rate_interval", "__range", "__interval"}
+    check(used - builtin <= var_names, "every variable used is defined: %s of %s"
+          % (sorted(used - builtin), sorted(var_names)))
+    # The families (and their label names) a real cluster exports.
+    cl = new_cluster(args, worker_metrics=True)
+    try:
+        cl.start()
+        completion(cl, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4})
+        texts = [metrics_text(cl)] + [worker_metrics(p)[2] for p in worker_metrics_ports(cl) if p]
+        ct.finish(cl)
+    finally:
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+    families, labels = {}, {}
+    for text in texts:
+        for line in text.splitlines():
+            m = re.match(r"^# TYPE (\S+) (\S+)$", line)
+            if m:
+                families[m.group(1)] = m.group(2)
+        for (name, ls), _ in samples(text).items():
+            labels.setdefault(name, set()).update(k for k, _ in ls)
+    names = set()
+    for title, t in targets:
+        for name, matched, grouped in promql_selectors(t["expr"]):
+            fam = name
+            for suf in ("_bucket", "_sum", "_count"):
+                if name.endswith(suf) and families.get(name[:-len(suf)]) == "histogram":
+                    fam = name[:-len(suf)]
+            names.add(name)
+            ok = fam in families and (fam == name or families[fam] == "histogram")
+            check(ok, "panel %r: %s is exported (%s)" % (title, name, families.get(fam, "missing")))
+            if ok and name in labels:
+                want = (set(matched) | set(grouped)) - {"le", "instance", "job"}
+                check(want <= labels[name], "panel %r: %s has the labels %s (it has %s)"
+                      % (title, name, sorted(want), sorted(labels[name])))
+    print("the dashboard queries %d metrics: %s" % (len(names), " ".join(sorted(names))))
+    check(len(names) >= 30, "the dashboard queries >= 30 metrics (%d)" % len(names))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode")
@@ -750,7 +839,7 @@ def main():
     ap.add_argument("--shared", default=os.environ.get("STRATA_SHARED", "../shared"))
     args = ap.parse_args()
     modes = {"logs": mode_logs, "routes": mode_routes, "requests": mode_requests,
-             "worker": mode_worker, "promtool": mode_promtool}
+             "worker": mode_worker, "promtool": mode_promtool, "grafana": mode_grafana}
     if args.mode not in modes:
         ap.error("unknown mode %s" % args.mode)
     modes[args.mode](args)
