@@ -46,7 +46,6 @@ and SIGINT end the run through the same path); namespaces are removed.
 /usr/bin/python3, stdlib only (the control API is read with stratactl --json).
 """
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -59,18 +58,12 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from harness import NetnsBridge, free_port, http_get, insecure_flag, netns_unavailable, reap, sse_completion, wait_for  # noqa: E402
+from harness import (NetnsBridge, free_port, http_get, insecure_flag, log_time, netns_unavailable, reap,  # noqa: E402
+                     sse_completion, wait_for)
 
 HB_MS = 1000
 DEAD_MS = 10000
 NAMES = ("w-a", "w-b", "w-c")
-
-
-def log_time(line):
-    """The wall-clock time (s since the epoch) of a log line `2026-12-01T15:59:29.123Z ...`."""
-    ts = line.split(" ", 1)[0]
-    d = datetime.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
-    return d.timestamp()
 
 
 def pct(xs, p):

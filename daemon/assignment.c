@@ -237,6 +237,33 @@ static bool same_assign(const struct assign *a, const struct assign *b)
            a->act_dtype == b->act_dtype && !strcmp(a->model_path, b->model_path) && !strcmp(a->next_hop, b->next_hop);
 }
 
+/* A file name (live mode) becomes the path of one of --model / --model-dir's files. */
+static void resolve_model_path(const worker *front, struct assign *na)
+{
+    if (strchr(na->model_path, '/')) return;
+    for (int i = 0; i < front->n_models; i++) {
+        const char *base = strrchr(front->models[i], '/');
+        base = base ? base + 1 : front->models[i];
+        if (!strcmp(base, na->model_path)) {
+            char *full = strdup(front->models[i]);
+            if (full) {
+                free(na->model_path);
+                na->model_path = full;
+            }
+            return;
+        }
+    }
+}
+
+/* Whether stage a, loaded, serves assignment b as is (all but the epoch, the
+ * stage index, the next hop and the activation type are the same). */
+static bool same_stage(const struct assign *a, const struct assign *b)
+{
+    return a->first_layer == b->first_layer && a->last_layer == b->last_layer && a->tp == b->tp &&
+           a->kv_blocks == b->kv_blocks && a->block_size == b->block_size && a->n_threads == b->n_threads &&
+           (a->stage == a->n_stages - 1) == (b->stage == b->n_stages - 1) && !strcmp(a->model_path, b->model_path);
+}
+
 static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
 {
     struct assign na;
@@ -246,24 +273,29 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
         reply_ready(w, peer, a->epoch, a->stage, err.msg);
         return;
     }
-    if (!strchr(na.model_path, '/')) /* a file name (live mode): one of --model / --model-dir's files */
-        for (int i = 0; i < w->front->n_models; i++) {
-            const char *base = strrchr(w->front->models[i], '/');
-            base = base ? base + 1 : w->front->models[i];
-            if (!strcmp(base, na.model_path)) {
-                char *full = strdup(w->front->models[i]);
-                if (full) {
-                    free(na.model_path);
-                    na.model_path = full;
-                }
-                break;
-            }
-        }
+    resolve_model_path(w->front, &na);
     if (w->state == W_LOADING) {
         snprintf(err.msg, sizeof err.msg, "busy: still loading epoch %llu; retry after its StageReady",
                  (unsigned long long)w->cur.epoch);
         reply_ready(w, peer, na.epoch, na.stage, err.msg);
         assign_clear(&na);
+        return;
+    }
+    if (a->adopt_epoch && w->state == W_READY && w->cur.epoch == a->adopt_epoch && same_stage(&w->cur, &na)) {
+        /* A recovery: the lost epoch's stage serves the new one as it is.
+         * Its batches still queued run first (one compute queue) with their
+         * old epoch; their results are fenced wherever they arrive. */
+        ST_INFO("worker: epoch %llu stage %u/%u adopts the loaded stage of lost epoch %llu (layers [%d, %d)); "
+                "nothing loads; next %s",
+                (unsigned long long)na.epoch, na.stage, na.n_stages, (unsigned long long)w->cur.epoch,
+                na.first_layer, na.last_layer, *na.next_hop ? na.next_hop : "(coordinator)");
+        drop_next(w);
+        assign_clear(&w->cur);
+        w->cur = na;
+        w->coord = peer;
+        st_log_set_stage((int)na.stage);
+        connect_next(w);
+        reply_ready(w, peer, w->cur.epoch, w->cur.stage, NULL);
         return;
     }
     if (w->state == W_READY && same_assign(&w->cur, &na)) { /* idempotent: a (re)connected coordinator */
@@ -451,6 +483,15 @@ static void handle_assign_front(worker *w, xport_peer *peer, const ctl_assign *a
 {
     wstage *st = stage_by_epoch(w, a->epoch);
     st_err err;
+    if (!st && a->adopt_epoch) { /* a recovery: handle_assign re-uses that stage when it is the same */
+        wstage *x = stage_by_epoch(w, a->adopt_epoch);
+        struct assign na;
+        if (x && x->state == W_READY && !check_assign(a, &na, &err)) {
+            resolve_model_path(w, &na);
+            if (same_stage(&x->cur, &na)) st = x;
+            assign_clear(&na);
+        }
+    }
     if (!st && a->keep_loaded)
         for (wstage *x = w->stages; x && !st; x = x->link)
             if (x->state == W_IDLE || x->state == W_FAILED) st = x; /* nothing loaded there: reuse */

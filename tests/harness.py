@@ -4,6 +4,7 @@ list, free_port(), wait_for(), an SSE reader, a greedy SSE completion, and
 the start of a live cluster's state (LiveBase). stdlib only; scripts import it
 with sys.path.insert(0, <the tests/ folder>).
 """
+import datetime
 import http.client
 import json
 import os
@@ -23,6 +24,17 @@ def check(cond, what):
     if not cond:
         FAILS.append(what)
     return cond
+
+
+def log_time(line):
+    """The wall-clock time (s since the epoch) of a Strata log line
+    (common/log.c: `ts=2026-12-01T15:59:29.123Z level=...`); ValueError when
+    the line has none."""
+    stamp = line.split(" ", 1)[0]
+    if stamp.startswith("ts="):
+        stamp = stamp[3:]
+    d = datetime.datetime.strptime(stamp.rstrip("Z"), "%Y-%m-%dT%H:%M:%S.%f")
+    return d.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def free_port(host="127.0.0.1"):

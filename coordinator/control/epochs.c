@@ -79,6 +79,8 @@ static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
                        .ud = r,
                        .epoch = pl->epoch,
                        .keep_loaded = true,
+                       /* a recovery: survivors keep an unchanged stage of the lost epoch */
+                       .adopt_epoch = s->lost ? s->lost->pl.epoch : 0,
                        .on_lost = ctl_run_on_lost};
     r->cl = cluster_create(s->base, &co, err);
     if (!r->cl) {

@@ -132,6 +132,7 @@ struct cluster {
     struct event_base *base;
     uint64_t epoch;     /* placement epoch of every frame (cluster_opts.epoch) */
     bool keep_loaded;   /* StageAssign.keep_loaded (live placement changes) */
+    uint64_t adopt_epoch; /* StageAssign.adopt_epoch (a recovery; cluster_opts) */
     bool paused;        /* cluster_pause: no new micro-batches */
     const coord_config *cfg;
     const tok_vocab *vocab;
@@ -584,6 +585,7 @@ static void send_assign(cluster *c, stage_link *l) {
     }
     a.epoch = c->epoch;
     a.keep_loaded = c->keep_loaded;
+    a.adopt_epoch = c->adopt_epoch;
     a.stage = (uint32_t)l->index;
     a.n_stages = (uint32_t)c->n_stages;
     a.model_path = c->cfg->model;
@@ -1356,6 +1358,7 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
     c->recovery_timeout_s = o->recovery_timeout_s > 0 ? o->recovery_timeout_s : 60.0;
     c->epoch = o->epoch ? o->epoch : 1;
     c->keep_loaded = o->keep_loaded;
+    c->adopt_epoch = o->adopt_epoch;
     c->ud = o->ud;
     c->piece_cap = tok_max_piece_len(o->vocab) + 1;
     c->piece_buf = malloc(c->piece_cap + 1);

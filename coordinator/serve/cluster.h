@@ -108,6 +108,8 @@ typedef struct cluster_opts {
     void *ud;
     uint64_t epoch;            /* placement epoch carried by every frame; 0 = 1 */
     bool keep_loaded;          /* StageAssign.keep_loaded: workers load beside older epochs */
+    uint64_t adopt_epoch;      /* StageAssign.adopt_epoch: this epoch lost a stage; a worker re-uses
+                                * its identical stage of it instead of loading (0: none) */
     /* Hold mode (above): called once (from the loop, inside a transport
      * callback: do not destroy the cluster there) when a stage of the ready
      * cluster is lost. NULL: the requests fail (the static coordinator). */

@@ -41,11 +41,10 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from harness import (FAILS, LiveBase, NetnsBridge, check, check_streams, control_stubs, free_port,  # noqa: E402
-                     http_get, insecure_flag, netns_unavailable, reap, stream_all, wait_for)
+                     http_get, insecure_flag, log_time, netns_unavailable, reap, stream_all, wait_for)
 
 N_STREAMS = 6
 N_TOK = 200
@@ -112,12 +111,6 @@ class NetLive(LiveBase):
 
 def stage_str(pl):
     return ",".join("%s:%d-%d" % (s.node, s.first_layer, s.last_layer) for s in pl.stages)
-
-
-def log_time(line):
-    """The wall-clock time (s since the epoch) of a log line (common/log.c)."""
-    stamp = line.split(" ", 1)[0].rstrip("Z")
-    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
 
 
 def metric(cl, name):

@@ -181,6 +181,16 @@ def kill_mid_stream(cl, rs, base, label, hang=False):
     check(pl1.epoch > pl0.epoch and victim not in [s.node for s in pl1.stages] and
           [x for s in pl1.stages for x in range(s.first_layer, s.last_layer + 1)] == list(range(pl0.n_layers)),
           "%s: a new epoch without %s covers every layer" % (label, victim))
+    # A survivor whose layers did not change re-uses its stage of the lost
+    # epoch (StageAssign.adopt_epoch): it logs the adoption and loads nothing.
+    same = [s.node for s in pl1.stages
+            if any(o.node == s.node and (o.first_layer, o.last_layer) == (s.first_layer, s.last_layer)
+                   for o in pl0.stages)]
+    for n in same:
+        wl = cl.log(n)
+        check("adopts the loaded stage of lost epoch %d" % pl0.epoch in wl and wl.count(" ready in ") == 1,
+              "%s: survivor %s keeps its stage (adopted, loaded once)" % (label, n))
+    print("survivors with an unchanged stage (adopted): %s" % same)
     log = cl.log()
     steps = [l for l in log.splitlines() if "recovery:" in l]
     print("\n".join(steps))
