@@ -784,7 +784,30 @@ def parity_checks(args, cl):
         return running == 4 and left == 0, "4 choices in the engine (%s), 0 after the client left (%s)" % (
             running, left)
 
+    def one_choice_stops():
+        """A stop in one choice ends only that choice; the others run on."""
+        a, b = refs[1], refs[2]
+        sid = next(t for t in ref_ids(a)[2:] if t not in ref_ids(b))
+        k = ref_ids(a).index(sid)
+        q = dict(prompt=[a["prompt"], b["prompt"]], stop_token_ids=[sid])
+        st, whole = greedy(**q)
+        res = stream(cl, C, dict(q, max_tokens=N, temperature=0, return_token_ids=True))
+        per, fin = {}, {}
+        for ch in res["chunks"]:
+            for x in ch.get("choices", []):
+                per.setdefault(x["index"], []).extend(x.get("token_ids") or [])
+                if x.get("finish_reason"):
+                    fin[x["index"]] = x["finish_reason"]
+        c = sorted(whole["choices"], key=lambda x: x["index"]) if st == 200 else []
+        want = {0: ref_ids(a)[:k + 1], 1: ref_ids(b)}
+        ok = len(c) == 2 and c[0]["token_ids"] == want[0] and c[0]["finish_reason"] == "stop" and \
+            c[1]["token_ids"] == want[1] and c[1]["finish_reason"] == "length" and \
+            per == want and fin == {0: "stop", 1: "length"} and res["done"]
+        return ok, "stop id %d: choice 0 stops after %d tokens, choice 1 runs %d (stream too)" % (
+            sid, k + 1, N)
+
     return [
+        ("a stop in one choice ends only that choice", one_choice_stops),
         ("a client that leaves cancels every choice", n4_disconnect),
         ("repetition_penalty changes the output where it must", repetition_penalty),
         ("logit_bias moves and forces tokens", logit_bias),
