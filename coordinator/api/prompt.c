@@ -177,11 +177,16 @@ static const char *vocab_special_text(void *ctx, int32_t id, size_t *len) {
 
 static bool vocab_is_eog(void *ctx, int32_t id) { return tok_is_eog(ctx, id); }
 
+static const char *vocab_token_text(void *ctx, int32_t id, size_t *len) {
+    return tok_token_text(ctx, id, len);
+}
+
 compl_tokenizer compl_tokenizer_vocab(const tok_vocab *vocab) {
     compl_tokenizer t = {.encode = vocab_encode,
                          .decode = vocab_decode,
                          .special_text = vocab_special_text,
                          .is_eog = vocab_is_eog,
+                         .token_text = vocab_token_text,
                          .n_vocab = vocab ? tok_n_vocab(vocab) : 0,
                          .ctx = (void *)vocab};
     return t;

@@ -41,6 +41,8 @@
  *   special_text: the text of a control token (e.g. "</s>"), NULL for any
  *           other id (skip_special_tokens false shows it). May be NULL.
  *   is_eog: the token ends generation (min_tokens masks these). May be NULL.
+ *   token_text: the vocabulary string of a token ("▁Once", "<0x0A>": Hugging
+ *           Face's convert_ids_to_tokens), NULL for a bad id. May be NULL.
  *   n_vocab: ids must be below it; 0 = not checked here (the engine does). */
 typedef struct compl_tokenizer {
     int (*encode)(void *ctx, const char *text, size_t len, bool add_special, bool parse_special,
@@ -49,6 +51,7 @@ typedef struct compl_tokenizer {
                   st_err *err);
     const char *(*special_text)(void *ctx, int32_t id, size_t *len);
     bool (*is_eog)(void *ctx, int32_t id);
+    const char *(*token_text)(void *ctx, int32_t id, size_t *len);
     int32_t n_vocab;
     void *ctx;
 } compl_tokenizer;

@@ -88,8 +88,9 @@ char *api_tokenize(const char *body, size_t len, const compl_limits *lim, compl_
         get_flag(o, "add_generation_prompt", true, &add_gen, e) ||
         get_flag(o, "return_token_strs", false, &strs, e))
         goto out;
-    if (strs) {
-        fail(e, "return_token_strs", "'return_token_strs' is not supported");
+    if (strs && !lim->tok->token_text) {
+        compl_error_set(e, 501, "server_error", "return_token_strs", NULL,
+                        "this tokenizer has no token strings");
         goto out;
     }
     if (chat == (prompt && !json_is_null(prompt))) {
@@ -124,8 +125,17 @@ char *api_tokenize(const char *body, size_t len, const compl_limits *lim, compl_
     n = (int)m;
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
-    json_t *root = json_pack("{s:o,s:i,s:i,s:n}", "tokens", a, "count", n, "max_model_len",
-                             lim->n_ctx, "token_strs");
+    json_t *ts = strs ? json_array() : json_null();
+    for (int i = 0; strs && ts && i < n; i++) {
+        size_t tl = 0;
+        const char *tt = lim->tok->token_text(lim->tok->ctx, ids[i], &tl);
+        size_t sl;
+        char *clean = utf8_sanitize(tt ? tt : "", tt ? tl : 0, &sl);
+        json_array_append_new(ts, clean ? json_stringn(clean, sl) : json_null());
+        free(clean);
+    }
+    json_t *root = json_pack("{s:o,s:i,s:i,s:o}", "tokens", a, "count", n, "max_model_len",
+                             lim->n_ctx, "token_strs", ts);
     out = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     if (!out) compl_error_set(e, 500, "server_error", NULL, NULL, "out of memory");

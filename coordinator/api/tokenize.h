@@ -6,6 +6,8 @@
  *            or {"messages": [...], "add_generation_prompt": true,
  *                "add_special_tokens": true}
  *      -> {"tokens": [ids], "count": N, "max_model_len": n_ctx, "token_strs": null}
+ *      ("return_token_strs": true: "token_strs" lists each id's vocabulary
+ *      string, e.g. "▁Once", as vLLM's convert_ids_to_tokens)
  *      The ids are exactly what a completion (prompt) or chat completion
  *      (messages) of the same input feeds the model: text prompts parse no
  *      special-token text; messages go through the chat template with the

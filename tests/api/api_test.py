@@ -683,7 +683,10 @@ def parity_checks(args, cl):
                     st2 == 200 and d["prompt"] == r["prompt"]):
                 bad.append((r["prompt"], t, d))
         st, t = post(cl, "/tokenize", {"prompt": refs[0]["prompt"], "add_special_tokens": False})
-        ok = st == 200 and t["tokens"] == refs[0]["prompt_tokens"][1:]
+        ok = st == 200 and t["tokens"] == refs[0]["prompt_tokens"][1:] and t["token_strs"] is None
+        st, t = post(cl, "/tokenize", {"prompt": "Once upon", "return_token_strs": True})
+        ok = ok and st == 200 and t["token_strs"][0] == "<s>" and \
+            "".join(t["token_strs"][1:]).replace("\u2581", " ") == " Once upon"
         return not bad and ok, bad or "%d reference prompts round-trip" % len(refs)
 
     def tokenize_bad():
