@@ -300,6 +300,15 @@ static int parse_fields(json_t *o, const compl_limits *lim, compl_request *r, co
         if (!r->stream)
             return bad(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
         if (get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+        /* include_obfuscation pads chunks against length side channels: ours
+         * are not encrypted by us, so it is accepted and ignored. */
+        const char *k;
+        json_t *v;
+        json_object_foreach(so, k, v) {
+            if (strcmp(k, "include_usage") && strcmp(k, "include_obfuscation"))
+                return bad(e, "stream_options",
+                           "Unrecognized request argument supplied: stream_options.%.60s", k);
+        }
     }
     x = 1;
     if (get_int(o, "n", 1, COMPL_MAX_N, &x, e)) return -1;

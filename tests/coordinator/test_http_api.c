@@ -236,6 +236,8 @@ static void test_bad_requests(void) {
     expect_error("{\"prompt\": \"a\", \"n\": 200}", 400, "n");
     expect_error("{\"prompt\": \"a\", \"n\": 2, \"best_of\": 3}", 400, "best_of");
     expect_error("{\"prompt\": \"a\", \"bogus_param\": 1}", 400, "bogus_param");
+    expect_error("{\"prompt\": \"a\", \"stream\": true, \"stream_options\": {\"continuous_usage_stats\": true}}",
+                 400, "stream_options");
     expect_error("{\"prompt\": \"a\", \"logit_bias\": {\"x\": 1}}", 400, "logit_bias");
     expect_error("{\"prompt\": \"a\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias");
     expect_error("{\"prompt\": \"a\", \"repetition_penalty\": 0}", 400, "repetition_penalty");
