@@ -29,7 +29,13 @@ load_env_file() { # KEY=VALUE lines; '#' comments; no expansion (systemd.exec(5)
 
 start() {
   mkdir -p "$root/run/$unit" "$root/run/etc/strata"
-  for f in "$root"/etc/strata/*; do reroot < "$f" > "$root/run/etc/strata/$(basename "$f")"; done
+  for f in "$root"/etc/strata/*; do
+    if [ -d "$f" ]; then # tls/: certificates and keys, copied as they are
+      rm -rf "$root/run/etc/strata/$(basename "$f")"; cp -a "$f" "$root/run/etc/strata/"
+    else
+      reroot < "$f" > "$root/run/etc/strata/$(basename "$f")"
+    fi
+  done
   (
     while IFS= read -r l; do export "${l#Environment=}"; done < <(grep '^Environment=' "$file" | reroot)
     pre=$(grep '^ExecStartPre=' "$file" | reroot | sed 's/^ExecStartPre=-\{0,1\}//' || true)

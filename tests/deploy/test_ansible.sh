@@ -9,7 +9,9 @@
 #  3. site.yml again and in --check --diff mode: nothing changes;
 #  4. systemd-analyze verify on the installed units (paths moved under the root);
 #  5. a coordinator and two workers started from the installed units and
-#     rendered files (local_service.sh), then rolling_restart.yml against them:
+#     rendered files (local_service.sh), with the mutual-TLS certificates the
+#     roles installed (made by scripts/strata-ca; docs/security.md), then
+#     rolling_restart.yml against them:
 #     each worker drained and restarted one at a time while a client keeps
 #     generating; the cluster serves at the end with layers on both workers.
 set -euo pipefail
@@ -33,6 +35,11 @@ cleanup() {
 export ANSIBLE_LOCAL_TEMP=$tmp/ansible-local ANSIBLE_REMOTE_TEMP=$tmp/ansible-remote
 export ANSIBLE_NOCOLOR=1 ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_STDOUT_CALLBACK=default
 grpc_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# The control plane's certificates, made as docs/security.md says.
+ca=$tmp/strata-ca
+for a in init "coordinator --san IP:127.0.0.1" "node w1" "node w2" "operator ansible"; do
+  bash "$src/scripts/strata-ca" --dir "$ca" $a > /dev/null
+done
 
 cat > "$tmp/inventory.ini" <<INV
 [strata_coordinator]
@@ -55,6 +62,7 @@ strata_grpc_listen=127.0.0.1:$grpc_port
 strata_cluster_extra={"listen": "127.0.0.1:0", "kv_blocks": 256}
 strata_worker_env={"UCX_TLS": "tcp"}
 strata_log_level=debug
+strata_tls_dir=$ca
 INV
 # strata_root and strata_manage_system=false also as extra vars (the highest
 # precedence): whatever the roles' defaults say, nothing is written outside $tmp.
@@ -109,9 +117,25 @@ for h in w1 w2; do
     "$(grep -o '^STRATA_[A-Z_]*' "$e" | grep -v NODE_NAME | sort | tr '\n' ' ')"
 done
 check "w2: STRATA_WORKER_ARGS" grep -qx "STRATA_WORKER_ARGS=--threads 1" "$tmp/root/w2/etc/strata/strata-worker.env"
+check "coord: env TLS files" grep -qx "STRATA_GRPC_KEY=/etc/strata/tls/coordinator.key" "$c/etc/strata/strata-coordinator.env"
+check "coord: coordinator certificate and key, operator certificate: mode 0600" test \
+  "$(stat -c %a "$c"/etc/strata/tls/{ca.pem,coordinator.pem,coordinator.key,operator.pem,operator.key} | sort -u)" = 600
+check "coord: the operator certificate is operator-ansible's" cmp -s "$ca/operator-ansible.pem" "$c/etc/strata/tls/operator.pem"
+check "coord: no node certificate" test ! -e "$c/etc/strata/tls/node.pem"
+for h in w1 w2; do
+  check "$h: its node certificate" cmp -s "$ca/node-$h.pem" "$tmp/root/$h/etc/strata/tls/node.pem"
+  check "$h: CA, node certificate and key mode 0600" test \
+    "$(stat -c %a "$tmp/root/$h"/etc/strata/tls/{ca.pem,node.pem,node.key} | sort -u)" = 600
+  check "$h: no operator or coordinator key" test ! -e "$tmp/root/$h/etc/strata/tls/operator.key" -a ! -e "$tmp/root/$h/etc/strata/tls/coordinator.key"
+  check "$h: env STRATA_CERT" grep -qx "STRATA_CERT=/etc/strata/tls/node.pem" "$tmp/root/$h/etc/strata/strata-worker.env"
+done
 check "coord env: same STRATA_* variables as systemd/strata-coordinator.env" test \
   "$(grep -o '^STRATA_[A-Z_]*' "$src/systemd/strata-coordinator.env" | sort | tr '\n' ' ')" = \
   "$(grep -o '^STRATA_[A-Z_]*' "$c/etc/strata/strata-coordinator.env" | sort | tr '\n' ' ')"
+
+# Without credentials the roles refuse, naming the fix.
+play site.yml --check --limit w1 -e strata_tls_dir= > "$tmp/notls.log" 2>&1 || true
+check "no strata_tls_dir, no strata_insecure: refused" grep -q "set strata_tls_dir to a folder made with scripts/strata-ca" "$tmp/notls.log"
 
 # 3. Idempotent, and a dry run changes nothing either.
 play site.yml > "$tmp/run2.log" 2>&1 || { cat "$tmp/run2.log"; echo "FAIL: site.yml (2nd run)"; exit 1; }
@@ -142,7 +166,7 @@ cat "$tmp/verify.out"
 check "installed units: systemd-analyze verify clean" test "$rc" -eq 0 -a ! -s "$tmp/verify.out"
 
 # 5. The installed cluster runs; rolling_restart.yml restarts it under load.
-ctl_in() { "$c/usr/local/bin/stratactl" --addr "127.0.0.1:$grpc_port" "$@"; }
+ctl_in() { "$c/usr/local/bin/stratactl" --addr "127.0.0.1:$grpc_port" --ca "$ca/ca.pem" --cert "$ca/operator-ansible.pem" --key "$ca/operator-ansible.key" "$@"; }
 "$here/local_service.sh" start "$c" strata-coordinator
 "$here/local_service.sh" start "$tmp/root/w1" strata-worker
 "$here/local_service.sh" start "$tmp/root/w2" strata-worker
@@ -153,6 +177,8 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 check "cluster from the installed files serves" test "$serving" -eq 1
+check "the coordinator serves gRPC with mutual TLS" grep -q "mutual TLS" "$c/strata-coordinator.log"
+check "stratactl without a certificate is refused" bash -c "! '$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port status 2> /dev/null"
 ctl_in nodes || true
 ctl_in placement show || true
 pids_before="$(cat "$tmp/root/w1/run/strata-worker.pid") $(cat "$tmp/root/w2/run/strata-worker.pid")"
@@ -168,7 +194,7 @@ load_pid=$!
 
 t0=$(date +%s.%N)
 rc=0
-play rolling_restart.yml -e "strata_stratactl=$c/usr/local/bin/stratactl" \
+play rolling_restart.yml -e "strata_stratactl=$c/usr/local/bin/stratactl" -e "strata_ctl_tls_dir=$c/etc/strata/tls" \
   -e "strata_worker_restart_command='$here/local_service.sh restart $tmp/root/{{ inventory_hostname }} strata-worker'" \
   -e strata_wait_delay=1 > "$tmp/roll.log" 2>&1 || rc=$?
 echo "rolling_restart.yml: $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
@@ -188,9 +214,9 @@ for f in "$tmp"/gen.err.*; do [ -e "$f" ] && { echo "--- $f"; cat "$f"; }; done
 check "requests completed during the roll" test "$n_ok" -gt 0
 check "no request failed during the roll" test "$n_bad" -eq 0
 ctl_in placement show
-check "layers on both workers again" bash -c "ctl_out=\$('$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port --json placement show); echo \"\$ctl_out\" | grep -q '\"w1\"' && echo \"\$ctl_out\" | grep -q '\"w2\"'"
+check "layers on both workers again" bash -c "ctl_out=\$('$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port --ca '$ca/ca.pem' --cert '$ca/operator-ansible.pem' --key '$ca/operator-ansible.key' --json placement show); echo \"\$ctl_out\" | grep -q '\"w1\"' && echo \"\$ctl_out\" | grep -q '\"w2\"'"
 check "both workers ready" test "$(ctl_in --json nodes | grep -c '"NODE_STATE_READY"')" -eq 2
-check "generate after the roll" bash -c "'$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port generate 'Once upon a time' --max-tokens 8 | grep -q ."
+check "generate after the roll" bash -c "'$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port --ca '$ca/ca.pem' --cert '$ca/operator-ansible.pem' --key '$ca/operator-ansible.key' generate 'Once upon a time' --max-tokens 8 | grep -q ."
 
 [ "$fail" -eq 0 ] && echo "test_ansible: all checks passed"
 exit "$fail"
