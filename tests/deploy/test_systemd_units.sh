@@ -67,7 +67,8 @@ check "coordinator: ProcSubset=pid, MemoryDenyWriteExecute=yes" bash -c "grep -q
 stop=$(sed -n 's/^TimeoutStopSec=//p' "$cf")
 check "coordinator: TimeoutStopSec=$stop leaves room after the default --shutdown-grace 30" test "${stop:-0}" -ge 45
 # The template: an instance reads its own env file after the shared one, and
-# has its own runtime directory and name; otherwise it is strata-worker.service.
+# has its own runtime directory, name and certificate; otherwise it is
+# strata-worker.service.
 tf=$src/systemd/strata-worker@.service
 check "worker@: reads /etc/strata/strata-worker@%i.env after strata-worker.env" \
   test "$(grep -n '^EnvironmentFile=/etc/strata/strata-worker.env' "$tf" | cut -d: -f1)" -lt \
@@ -75,6 +76,7 @@ check "worker@: reads /etc/strata/strata-worker@%i.env after strata-worker.env" 
 check "worker@: RuntimeDirectory=strata-worker-%i, node name %H-%i" \
   bash -c "grep -qx 'RuntimeDirectory=strata-worker-%i' '$tf' && grep -qx 'Environment=STRATA_NODE_NAME=%H-%i' '$tf'"
 norm() { grep -v '^#' "$1" | grep -v '%i' | grep -v -e '^Description=' -e '^Environment=STRATA_NODE_NAME=' \
+           -e '^Environment=STRATA_CERT=' -e '^Environment=STRATA_KEY=' \
            -e 'nccl.env' -e '^RuntimeDirectory=' -e '^$'; }
 check "worker@: otherwise the same settings as strata-worker.service" diff <(norm "$wf") <(norm "$tf")
 
