@@ -770,7 +770,7 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
         http_api_destroy(api);
         return NULL;
     }
-    if (!(api->conns = http_conns_new(base, api->http, &cfg->conn, api->tls, err))) {
+    if (!(api->conns = http_conns_new(base, api->http, &cfg->conn, api->tls, api->metrics, err))) {
         http_api_destroy(api);
         return NULL;
     }

@@ -56,6 +56,7 @@ struct http_conns {
     struct evhttp *http;
     http_conns *next_server; /* the registry below */
     http_tls *tls;
+    coord_metrics *metrics;
     http_conn_limits lim;
     hconn *conns;
     int n_open;
@@ -69,6 +70,10 @@ struct http_conns {
  * the evhttp) and the slot setters below find their records. Servers are few
  * and made at start-up, on the loop's thread. */
 static http_conns *servers;
+
+static const char *phase_reason(enum phase p) {
+    return p == PH_HEADER ? "header_timeout" : p == PH_BODY ? "body_timeout" : "idle_timeout";
+}
 
 static const char *phase_name(enum phase p) {
     switch (p) {
@@ -107,6 +112,7 @@ static void forget(hconn *c) {
         hc->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     hc->n_open--;
+    coord_metrics_http_open(hc->metrics, hc->n_open);
     free(c);
 }
 
@@ -119,6 +125,7 @@ static void on_close(struct evhttp_connection *evcon, void *arg) {
 static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     hconn *c = arg;
+    coord_metrics_http_closed(c->hc->metrics, phase_reason(c->phase));
     unsigned long dropped = 0;
     if (st_log_limit_allow(&c->hc->deadline_log, st_now_s(), &dropped))
         ST_INFO("http: closing a connection that did not send %s in time (%lu more since the last message)",
@@ -180,6 +187,7 @@ static void on_pickup(evutil_socket_t fd, short what, void *arg) {
     evhttp_connection_set_closecb(c->evcon, on_close, c);
     bufferevent_decref(bev); /* evhttp holds its own */
     if (c->over_cap) {
+        coord_metrics_http_closed(hc->metrics, "cap");
         unsigned long dropped = 0;
         if (st_log_limit_allow(&hc->cap_log, st_now_s(), &dropped))
             ST_WARN("http: %d connections open (the --max-connections cap): closing new ones "
@@ -219,6 +227,7 @@ static struct bufferevent *on_new_bev(struct event_base *base, void *arg) {
     if (hc->conns) hc->conns->prev = c;
     hc->conns = c;
     hc->n_open++;
+    coord_metrics_http_open(hc->metrics, hc->n_open);
     c->over_cap = hc->n_open > hc->lim.max_connections;
     c->phase = PH_HEADER;
     bufferevent_incref(bev);
@@ -242,6 +251,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg) {
      * retry in a loop is the 100% CPU this avoids. */
     hc->pause_s = hc->pause_s <= 0 ? 0.1 : hc->pause_s * 2 > 1.0 ? 1.0 : hc->pause_s * 2;
     evconnlistener_disable(lev);
+    coord_metrics_http_accept_error(hc->metrics);
     struct timeval tv = {0, (suseconds_t)(hc->pause_s * 1e6)};
     if (hc->pause_s >= 1.0) tv = (struct timeval){1, 0};
     evtimer_add(hc->resume, &tv);
@@ -253,12 +263,13 @@ static void on_accept_error(struct evconnlistener *lev, void *arg) {
 }
 
 http_conns *http_conns_new(struct event_base *base, struct evhttp *http, const http_conn_limits *lim,
-                           http_tls *tls, st_err *err) {
+                           http_tls *tls, coord_metrics *metrics, st_err *err) {
     http_conns *hc = calloc(1, sizeof *hc);
     if (!hc) return (void)st_errf(err, "http: out of memory"), NULL;
     hc->base = base;
     hc->http = http;
     hc->tls = tls;
+    hc->metrics = metrics;
     hc->lim = *lim;
     if (hc->lim.max_connections <= 0) hc->lim.max_connections = 1024;
     if (hc->lim.header_timeout_s <= 0) hc->lim.header_timeout_s = 10;

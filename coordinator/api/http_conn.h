@@ -26,6 +26,7 @@
 
 #include "common/err.h"
 #include "coordinator/api/http_tls.h"
+#include "coordinator/api/metrics_coord.h"
 
 struct event_base;
 struct evhttp;
@@ -43,9 +44,10 @@ typedef struct http_conn_limits {
 typedef struct http_conns http_conns;
 
 /* Takes over the creation of evhttp's connections (TLS when tls is not NULL;
- * tls must outlive the result). Call before binding. */
+ * tls must outlive the result). Call before binding. The connection counts go
+ * to metrics (may be NULL; it must outlive the result). */
 http_conns *http_conns_new(struct event_base *base, struct evhttp *http, const http_conn_limits *lim,
-                           http_tls *tls, st_err *err);
+                           http_tls *tls, coord_metrics *metrics, st_err *err);
 /* Handles accept errors on a bound socket of that evhttp. */
 void http_conns_watch_listener(http_conns *hc, struct evhttp_bound_socket *sock);
 /* Free after evhttp_free (which closes the connections through it). */

@@ -15,6 +15,8 @@ struct coord_metrics {
     coord_engine *engine;
     metrics_family *requests, *ops_requests;
     char *model_name;
+    metrics_family *conn_closed;                /* {reason} */
+    metrics_series *conn_open, *accept_errors;
     metrics_series *ttft, *tpot, *prompt, *generated;
     metrics_series *queue, *running, *kv_used, *kv_free, *epoch;
     /* per request, at its end (coord_metrics_request_done) */
@@ -185,6 +187,16 @@ coord_metrics *coord_metrics_new(coord_engine *engine, const char *model_name, s
                                             "/version), by route and status code.",
                                             "route,status", err)))
         goto fail;
+    if (!(m->conn_closed = metrics_counter(m->reg, "strata_http_connections_closed_total",
+                                           "HTTP connections the server closed: over --max-connections "
+                                           "(cap), or past a read deadline (header_timeout, body_timeout, "
+                                           "idle_timeout).",
+                                           "reason", err)))
+        goto fail;
+    for (int i = 0; i < 4; i++) { /* every reason shows, at 0 until it happens */
+        const char *v[] = {(const char *[]){"cap", "header_timeout", "body_timeout", "idle_timeout"}[i]};
+        if (!metrics_with(m->conn_closed, v, err)) goto fail;
+    }
 #define ONE(expr, dst)                                                                   \
     do {                                                                                 \
         if (!(f = (expr)) || !((dst) = metrics_with(f, NULL, err))) goto fail;           \
@@ -246,6 +258,13 @@ coord_metrics *coord_metrics_new(coord_engine *engine, const char *model_name, s
                         "model_name", err),
           m->running);
 #undef MODEL
+    ONE(metrics_gauge(m->reg, "strata_http_connections_open", "HTTP connections open.", NULL, err),
+        m->conn_open);
+    ONE(metrics_counter(m->reg, "strata_http_accept_errors_total",
+                        "Failed accept() calls of the HTTP listener (EMFILE, ENFILE, ...); each pauses "
+                        "accepting for 0.1-1 s.",
+                        NULL, err),
+        m->accept_errors);
     ONE(metrics_gauge(m->reg, "strata_kv_blocks_used", "KV cache blocks held by sequences.", NULL,
                       err),
         m->kv_used);
@@ -336,6 +355,17 @@ void coord_metrics_http(coord_metrics *m, const char *route, bool ops, int http_
     metrics_counter_add(metrics_with(ops ? m->ops_requests : m->requests, v, NULL), 1);
 }
 
+void coord_metrics_http_open(coord_metrics *m, int open) {
+    if (m) metrics_gauge_set(m->conn_open, open);
+}
+void coord_metrics_http_closed(coord_metrics *m, const char *reason) {
+    if (!m) return;
+    const char *v[] = {reason};
+    metrics_counter_add(metrics_with(m->conn_closed, v, NULL), 1);
+}
+void coord_metrics_http_accept_error(coord_metrics *m) {
+    if (m) metrics_counter_add(m->accept_errors, 1);
+}
 void coord_metrics_ttft(coord_metrics *m, double s) {
     if (m) metrics_histogram_observe(m->ttft, s);
 }

@@ -15,6 +15,8 @@
  *   strata_requests_total{route,status}      every API answer, once (access_log.h)
  *   strata_ops_requests_total{route,status}  probes, /metrics, /version
  *   strata_kv_blocks_used, strata_kv_blocks_free, strata_placement_epoch
+ *   strata_http_connections_open, strata_http_connections_closed_total{reason},
+ *   strata_http_accept_errors_total          the HTTP server's connections (http_conn.h)
  *   strata_stage_busy_ratio{stage}, strata_stage_activation_bytes_total{stage},
  *   strata_stage_frames_sent_total{stage}, strata_stage_forward_seconds{stage},
  *   strata_stage_hops_total{stage}, strata_stage_hop_seconds_total{stage},
@@ -44,6 +46,12 @@ void coord_metrics_free(coord_metrics *m);
 /* One HTTP request answered (or abandoned: 499): route is a label of
  * access_log.h's fixed set; ops routes count apart. */
 void coord_metrics_http(coord_metrics *m, const char *route, bool ops, int http_status);
+/* The HTTP server's connections (http_conn.h): how many are open now; one
+ * closed by the server, reason "cap", "header_timeout", "body_timeout" or
+ * "idle_timeout"; one failed accept() (EMFILE, ENFILE, ...). */
+void coord_metrics_http_open(coord_metrics *m, int open);
+void coord_metrics_http_closed(coord_metrics *m, const char *reason);
+void coord_metrics_http_accept_error(coord_metrics *m);
 void coord_metrics_ttft(coord_metrics *m, double seconds);
 void coord_metrics_tpot(coord_metrics *m, double seconds);
 void coord_metrics_prompt_tokens(coord_metrics *m, int n);

@@ -122,6 +122,15 @@ def write_keys(tmp):
     return path
 
 
+def metric(port, name, headers=None):
+    """The value of one sample line of /metrics (name with its labels), or None."""
+    st, _, b = request(port, "GET", "/metrics", headers=headers, timeout=10)
+    for line in b.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
 def cpu_seconds(pid):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -342,6 +351,9 @@ def mode_auth(args):
         dt = closed_within(c.sock, 5)
         c.close()
         check(dt is not None and 0.2 < dt < 2.5, "idle keep-alive connection closed after %s s (0.3 s deadline)" % dt)
+        n_open = wait_for(lambda: metric(port, "strata_http_connections_open") == 1, 10)
+        check(n_open, "every connection's record is gone: strata_http_connections_open = %s (the scrape's own)"
+              % metric(port, "strata_http_connections_open"))
         ct.finish(cl)
     finally:
         if FAILS:
@@ -417,6 +429,9 @@ def mode_tls(args):
               "plain HTTP to the TLS port gets no HTTP answer and is closed (%d bytes, %.1f s)"
               % (len(got), time.monotonic() - t0))
         check_reference(port, refs[1], KEY_B, "https after the plain-HTTP attempt", cl.tls)
+        n_open = wait_for(lambda: request(port, "GET", "/metrics", tls=cl.tls)[2].decode().count(
+            "\nstrata_http_connections_open 1\n"), 10)
+        check(n_open, "every TLS connection's record is gone (strata_http_connections_open 1)")
         ct.finish(cl)
     finally:
         if FAILS:
@@ -482,6 +497,10 @@ def conn_deadlines(args):
             s.close()
         st, _, _ = request(port, "GET", "/health", timeout=10)
         check(st == 503, "the server still answers (%d)" % st)
+        ht = metric(port, 'strata_http_connections_closed_total{reason="header_timeout"}')
+        bt_n = metric(port, 'strata_http_connections_closed_total{reason="body_timeout"}')
+        check(ht == 10 and bt_n == 1, "closed by deadline in /metrics: header_timeout %s (10), body_timeout %s (1)"
+              % (ht, bt_n))
         log = co.log_text()
         check(log.count("did not send") <= 3, "the deadline closures are logged at most once per 10 s "
               "(%d lines)" % log.count("did not send"))
@@ -508,6 +527,10 @@ def conn_cap(args):
         st = wait_for(lambda: request(co.port, "GET", "/health", timeout=5)[0], 10)
         check(st == 503, "after they close, the server answers at once (%s in %.2f s)" % (st, time.monotonic() - t0))
         check("--max-connections" in co.log_text(), "the refusals are logged")
+        closed = metric(co.port, 'strata_http_connections_closed_total{reason="cap"}')
+        check(closed == n_closed, "strata_http_connections_closed_total{reason=\"cap\"} = %s (%d)" % (closed, n_closed))
+        check(metric(co.port, "strata_http_connections_open") == 1,
+              "strata_http_connections_open = 1 (the scrape's own connection)")
     finally:
         co.stop()
 
@@ -643,6 +666,9 @@ def mode_emfile(args):
         socks = []
         st = wait_for(lambda: request(co.port, "GET", "/health", timeout=5)[0], 15)
         check(st == 503, "after the clients close it answers again (%s)" % st)
+        errs = metric(co.port, "strata_http_accept_errors_total")
+        check(errs is not None and 1 <= errs <= 60, "strata_http_accept_errors_total = %s (one per pause, "
+              "not one per retry)" % errs)
     finally:
         for s in socks:
             s.close()
