@@ -82,8 +82,8 @@ address = 127.0.0.1:$q0
 [stage.1]
 address = 127.0.0.1:$q1
 EOF
-"$build/daemon/strata-worker" --listen "127.0.0.1:$q0" --threads 1 >"$tmp/mw0.log" 2>&1 & pids+=($!)
-"$build/daemon/strata-worker" --listen "127.0.0.1:$q1" --threads 1 >"$tmp/mw1.log" 2>&1 & pids+=($!)
+"$build/daemon/strata-worker" --listen "127.0.0.1:$q0" --threads 1 --model-dir "$shared/models" >"$tmp/mw0.log" 2>&1 & pids+=($!)
+"$build/daemon/strata-worker" --listen "127.0.0.1:$q1" --threads 1 --model-dir "$shared/models" >"$tmp/mw1.log" 2>&1 & pids+=($!)
 "$build/coordinator/strata-coordinator" --config "$tmp/mb.ini" --ready-timeout 60 \
     >"$tmp/mc.out" 2>"$tmp/mc.log" & pids+=($!)
 for _ in $(seq 600); do
@@ -187,8 +187,8 @@ address = 127.0.0.1:$p0
 [stage.1]
 address = 127.0.0.1:$p1
 EOF
-"$build/daemon/strata-worker" --listen "127.0.0.1:$p0" --threads "$wthreads" >"$tmp/w0.log" 2>&1 & pids+=($!)
-"$build/daemon/strata-worker" --listen "127.0.0.1:$p1" --threads "$wthreads" >"$tmp/w1.log" 2>&1 & pids+=($!)
+"$build/daemon/strata-worker" --listen "127.0.0.1:$p0" --threads "$wthreads" --model-dir "$(dirname "$model")" >"$tmp/w0.log" 2>&1 & pids+=($!)
+"$build/daemon/strata-worker" --listen "127.0.0.1:$p1" --threads "$wthreads" --model-dir "$(dirname "$model")" >"$tmp/w1.log" 2>&1 & pids+=($!)
 "$build/coordinator/strata-coordinator" --config "$tmp/cluster.ini" --ready-timeout 600 \
     >"$tmp/c.out" 2>"$tmp/c.log" & pids+=($!)
 for _ in $(seq 6000); do

@@ -85,6 +85,8 @@ static void usage(FILE *f) {
             "  --body-timeout S    seconds for a request's body (60)\n"
             "  --idle-timeout S    seconds a keep-alive connection may wait between requests (60)\n"
             "  --max-requests-per-key N  completions queued + running per key; 0 = no limit (128)\n"
+            "  --cluster-key-file FILE  data-plane key shared with the workers (overrides [cluster]\n"
+            "                      cluster_key_file; owner-only file; docs/security.md)\n"
             "live mode (workers register; docs/control-api.md):\n"
             "  --live              the config lists no stages; placement is automatic / via gRPC\n"
             "  --grpc-listen H:P   gRPC control API address (127.0.0.1:7070)\n"
@@ -104,6 +106,7 @@ static void usage(FILE *f) {
 /* The command line. */
 typedef struct coord_opts {
     const char *config_path, *listen;
+    const char *cluster_key_file; /* overrides [cluster] cluster_key_file */
     double ready_timeout;
     double recovery_timeout; /* 0: the config's, else 60 */
     double shutdown_grace;
@@ -185,12 +188,14 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                                           {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
                                           {"max-requests-per-key", required_argument, NULL,
                                            OPT_MAX_REQUESTS_PER_KEY},
+                                          {"cluster-key-file", required_argument, NULL, 1001},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "c:l:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': o->config_path = optarg; break;
+        case 1001: o->cluster_key_file = optarg; break;
         case 'l': o->listen = optarg; break;
         case 't': {
             char *end;
@@ -441,6 +446,15 @@ static int run(const coord_opts *o) {
         return 1;
     }
     if (o->no_prefix_caching) cfg.prefix_caching = false;
+    if (o->cluster_key_file) {
+        free(cfg.cluster_key_file);
+        cfg.cluster_key_file = strdup(o->cluster_key_file);
+    }
+    if (cluster_check_key(&cfg, &err) != 0) {
+        fprintf(stderr, "strata-coordinator: cluster key: %s\n", err.msg);
+        coord_config_free(&cfg);
+        return 1;
+    }
     int rc = 1;
     struct event_base *base = NULL;
     lifecycle *life = NULL;

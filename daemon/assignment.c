@@ -12,10 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/datapath.h"
+#include "daemon/model_path.h"
+#include "ib/assign_token.h"
 
 typedef Strata__V1__StageAssign ctl_assign;
 
@@ -23,7 +27,17 @@ struct open_job {
     cjob cj;
     uint64_t gen;
     char *model_path; /* owned; cj.params.model_path points here */
+    int fd;           /* the model file (cj.params.model_fd), owned */
+    atomic_bool cancel; /* cj.params.cancel: a newer assignment or shutdown */
 };
+
+static void open_job_free(struct open_job *oj)
+{
+    if (!oj) return;
+    if (oj->fd >= 0) close(oj->fd);
+    free(oj->model_path);
+    free(oj);
+}
 
 static void assign_clear(struct assign *a)
 {
@@ -186,6 +200,33 @@ static void drop_next(wstage *w)
 
 /* ---------------------------------------------------------------- CONTROL */
 
+/* Opens StageAssign.model_path confined to the worker's model directory
+ * (daemon/model_path.h): a bare file name that one of the --model files has
+ * is that file (in its own directory); anything else is looked up under
+ * --model-dir. The descriptor, or -1 + err. */
+static int model_resolve(worker *w, const char *name, st_err *err)
+{
+    if (model_name_check(name, err)) return -1;
+    if (!strchr(name, '/'))
+        for (int i = 0; i < w->n_models; i++) {
+            const char *slash = strrchr(w->models[i], '/');
+            const char *base = slash ? slash + 1 : w->models[i];
+            if (strcmp(base, name)) continue;
+            char dir[4096];
+            if (slash)
+                snprintf(dir, sizeof dir, "%.*s", (int)(slash - w->models[i]) ? (int)(slash - w->models[i]) : 1,
+                         w->models[i]);
+            else
+                snprintf(dir, sizeof dir, ".");
+            int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (dfd < 0) return st_errf(err, "model path '%s': cannot open the directory of --model %s", name, w->models[i]);
+            int fd = model_path_open(dfd, name, err);
+            close(dfd);
+            return fd;
+        }
+    return model_path_open(w->model_dirfd, name, err);
+}
+
 static int check_assign(const ctl_assign *a, struct assign *out, st_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -237,24 +278,6 @@ static bool same_assign(const struct assign *a, const struct assign *b)
            a->act_dtype == b->act_dtype && !strcmp(a->model_path, b->model_path) && !strcmp(a->next_hop, b->next_hop);
 }
 
-/* A file name (live mode) becomes the path of one of --model / --model-dir's files. */
-static void resolve_model_path(const worker *front, struct assign *na)
-{
-    if (strchr(na->model_path, '/')) return;
-    for (int i = 0; i < front->n_models; i++) {
-        const char *base = strrchr(front->models[i], '/');
-        base = base ? base + 1 : front->models[i];
-        if (!strcmp(base, na->model_path)) {
-            char *full = strdup(front->models[i]);
-            if (full) {
-                free(na->model_path);
-                na->model_path = full;
-            }
-            return;
-        }
-    }
-}
-
 /* Whether stage a, loaded, serves assignment b as is (all but the epoch, the
  * stage index, the next hop and the activation type are the same). */
 static bool same_stage(const struct assign *a, const struct assign *b)
@@ -273,10 +296,20 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
         reply_ready(w, peer, a->epoch, a->stage, err.msg);
         return;
     }
-    resolve_model_path(w->front, &na);
-    if (w->state == W_LOADING) {
-        snprintf(err.msg, sizeof err.msg, "busy: still loading epoch %llu; retry after its StageReady",
-                 (unsigned long long)w->cur.epoch);
+    if (w->state == W_LOADING && same_assign(&w->cur, &na)) { /* repeated while loading: answer when done */
+        ST_INFO("worker: assignment epoch %llu stage %u repeated by %s while loading it", (unsigned long long)na.epoch,
+                na.stage, xport_peer_name(peer));
+        assign_clear(&na);
+        w->coord = peer;
+        return;
+    }
+    /* The model file is opened (confined to the model directory) before
+     * anything changes: a refused path leaves the stage as it was. */
+    int fd = model_resolve(w->front, na.model_path, &err);
+    if (fd < 0) {
+        ST_WARN("worker: refusing assignment epoch %llu stage %u from %s: %s", (unsigned long long)na.epoch, na.stage,
+                xport_peer_name(peer), err.msg);
+        w->front->refused_assigns++;
         reply_ready(w, peer, na.epoch, na.stage, err.msg);
         assign_clear(&na);
         return;
@@ -289,6 +322,8 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
                 "nothing loads; next %s",
                 (unsigned long long)na.epoch, na.stage, na.n_stages, (unsigned long long)w->cur.epoch,
                 na.first_layer, na.last_layer, *na.next_hop ? na.next_hop : "(coordinator)");
+        close(fd);
+        if (na.epoch > w->front->max_epoch) w->front->max_epoch = na.epoch;
         drop_next(w);
         assign_clear(&w->cur);
         w->cur = na;
@@ -298,7 +333,9 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
         reply_ready(w, peer, w->cur.epoch, w->cur.stage, NULL);
         return;
     }
+    if (na.epoch > w->front->max_epoch) w->front->max_epoch = na.epoch;
     if (w->state == W_READY && same_assign(&w->cur, &na)) { /* idempotent: a (re)connected coordinator */
+        close(fd);
         ST_INFO("worker: assignment epoch %llu stage %u repeated by %s; already loaded",
                 (unsigned long long)na.epoch, na.stage, xport_peer_name(peer));
         assign_clear(&na);
@@ -314,9 +351,15 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
     char *path = oj ? strdup(na.model_path) : NULL;
     if (!oj || !path) {
         free(oj);
+        close(fd);
         reply_ready(w, peer, na.epoch, na.stage, "worker: out of memory");
         assign_clear(&na);
         return;
+    }
+    if (w->loading) { /* a newer assignment replaces the one still loading: abandon that load */
+        ST_INFO("worker: cancelling the load of epoch %llu stage %u for the new assignment",
+                (unsigned long long)w->cur.epoch, w->cur.stage);
+        atomic_store(&w->loading->cancel, true);
     }
     drop_next(w);
     assign_clear(&w->cur);
@@ -327,6 +370,9 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
     memset(&w->info, 0, sizeof w->info);
     oj->gen = w->gen;
     oj->model_path = path;
+    oj->fd = fd;
+    atomic_init(&oj->cancel, false);
+    w->loading = oj;
     oj->cj.kind = CJOB_OPEN;
     oj->cj.user = oj;
     oj->cj.params = (stage_params){.model_path = path,
@@ -335,7 +381,10 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
                                    .tp = na.tp,
                                    .n_threads = na.n_threads ? na.n_threads : w->n_threads,
                                    .kv_blocks = na.kv_blocks,
-                                   .block_size = na.block_size};
+                                   .block_size = na.block_size,
+                                   .use_model_fd = true,
+                                   .model_fd = fd,
+                                   .cancel = &oj->cancel};
     st_log_set_stage((int)na.stage); /* STRATA_STAGE on this worker's journald records */
     ST_INFO("worker: assigned epoch %llu stage %u/%u: %s layers [%d, %d) tp %d kv_blocks %d act %s next %s",
             (unsigned long long)na.epoch, na.stage, na.n_stages, na.model_path, na.first_layer, na.last_layer,
@@ -345,7 +394,11 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
 
 static void open_done(wstage *w, struct open_job *oj)
 {
-    if (oj->gen != w->gen || w->shutting_down) goto out;
+    if (w->loading == oj) w->loading = NULL;
+    if (oj->gen != w->gen || w->shutting_down) {
+        if (oj->cj.status) ST_INFO("worker: superseded load of %s ended: %s", oj->model_path, oj->cj.err.msg);
+        goto out;
+    }
     if (oj->cj.status) {
         w->state = W_FAILED;
         ST_ERROR("worker: loading stage %u (epoch %llu) failed: %s", w->cur.stage,
@@ -373,8 +426,7 @@ static void open_done(wstage *w, struct open_job *oj)
     connect_next(w);
     reply_ready(w, w->coord, w->cur.epoch, w->cur.stage, NULL);
 out:
-    free(oj->model_path);
-    free(oj);
+    open_job_free(oj);
 }
 
 /* ---------------------------------------------------------------- stages by epoch */
@@ -429,6 +481,8 @@ wstage *stage_new(worker *w, st_err *err)
 void stage_stop(wstage *st)
 {
     st->shutting_down = true;
+    if (st->loading) atomic_store(&st->loading->cancel, true); /* a load in progress ends at its next tensor */
+    st->loading = NULL;
     if (!st->cq) return;
     compute_stop(st->cq);
     cjob *list = compute_take_done(st->cq);
@@ -436,9 +490,7 @@ void stage_stop(wstage *st)
         cjob *cj = list;
         list = cj->next;
         if (cj->kind == CJOB_OPEN) {
-            struct open_job *oj = cj->user;
-            free(oj->model_path);
-            free(oj);
+            open_job_free(cj->user);
         } else {
             datapath_job_discard(st, cj);
         }
@@ -479,16 +531,67 @@ wstage *stage_by_epoch(worker *w, uint64_t epoch)
     return NULL;
 }
 
+/* Answers a refused StageAssign with StageReady{ok = false, error = why}:
+ * nothing of the worker's state was touched. */
+static void refuse_assign(worker *w, xport_peer *peer, const ctl_assign *a, const char *why)
+{
+    w->refused_assigns++;
+    ST_WARN("worker: refusing the assignment (epoch %llu, stage %u) from %s: %s", (unsigned long long)a->epoch,
+            a->stage, xport_peer_name(peer), why);
+    Strata__V1__StageReady r = STRATA__V1__STAGE_READY__INIT;
+    r.epoch = a->epoch;
+    r.stage = a->stage;
+    r.error = (char *)why;
+    r.worker_name = w->name;
+    ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_READY;
+    m.ready = &r;
+    size_t n = strata__v1__control_message__get_packed_size(&m);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) return;
+    strata__v1__control_message__pack(&m, buf);
+    frame_header h = STRATA__V1__FRAME_HEADER__INIT;
+    h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
+    h.epoch = a->epoch;
+    h.stage = a->stage;
+    h.control.data = buf;
+    h.control.len = n;
+    st_err err;
+    if (xport_send(peer, &h, NULL, 0, NULL, NULL, NULL, &err))
+        ST_WARN("worker: StageReady to %s failed: %s", xport_peer_name(peer), err.msg);
+    free(buf);
+}
+
+/* With a cluster key: the assignment carries the coordinator's token and is
+ * not older than the newest one accepted. (The sender was checked to be the
+ * authenticated coordinator by the caller.) */
+static bool assign_allowed(worker *w, xport_peer *peer, const ctl_assign *a)
+{
+    if (!w->key) return true;
+    char why[200];
+    if (!assign_token_ok(w->key, a)) {
+        refuse_assign(w, peer, a, "StageAssign: the token does not verify under this worker's cluster key");
+        return false;
+    }
+    if (a->epoch < w->max_epoch) {
+        snprintf(why, sizeof why, "StageAssign: epoch %llu is older than epoch %llu, already accepted (stale)",
+                 (unsigned long long)a->epoch, (unsigned long long)w->max_epoch);
+        refuse_assign(w, peer, a, why);
+        return false;
+    }
+    return true;
+}
+
 static void handle_assign_front(worker *w, xport_peer *peer, const ctl_assign *a)
 {
+    if (!assign_allowed(w, peer, a)) return;
     wstage *st = stage_by_epoch(w, a->epoch);
     st_err err;
     if (!st && a->adopt_epoch) { /* a recovery: handle_assign re-uses that stage when it is the same */
         wstage *x = stage_by_epoch(w, a->adopt_epoch);
         struct assign na;
         if (x && x->state == W_READY && !check_assign(a, &na, &err)) {
-            resolve_model_path(w, &na);
-            if (same_stage(&x->cur, &na)) st = x;
+            if (same_stage(&x->cur, &na)) st = x; /* model_path as assigned: a name under --model-dir */
             assign_clear(&na);
         }
     }
@@ -547,6 +650,17 @@ void assignment_handle_control(worker *w, xport_peer *peer, const frame_header *
     ctl_msg *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
     if (!m) {
         worker_drop_frame(w, peer, "undecodable CONTROL message (%zu bytes)", h->control.len);
+        return;
+    }
+    if (w->key && xport_peer_role(peer) != XPORT_ROLE_COORDINATOR &&
+        m->msg_case != STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST) {
+        /* Only the authenticated coordinator steers the worker; a stage peer's
+         * CONTROL is refused and changes nothing. */
+        w->refused_assigns++;
+        w->dropped_frames++;
+        ST_WARN("worker: refusing CONTROL message %d from %s: it is a %s, not the coordinator", (int)m->msg_case,
+                xport_peer_name(peer), xport_role_name(xport_peer_role(peer)));
+        strata__v1__control_message__free_unpacked(m, NULL);
         return;
     }
     switch (m->msg_case) {

@@ -5,6 +5,7 @@
  *                 [--metrics-listen HOST:PORT [--metrics-insecure]]
  *                 [--coordinator HOST:PORT --model FILE... | --model-dir DIR] [--memory BYTES]
  *                 [--grpc-ca FILE --grpc-cert FILE --grpc-key FILE]
+ *                 [--cluster-key-file FILE] [--insecure]
  *
  * With --coordinator the worker registers with the coordinator's gRPC control
  * service and heartbeats (daemon/registration.h); without it, it waits for a
@@ -17,6 +18,11 @@
  * systemd: READY=1 once listening, STATUS= lines, WATCHDOG=1 from the loop
  * (common/notify.h).
  * A bad flag or a listen failure: one line on stderr, exit 2 / 1.
+ *
+ * Security (docs/security.md): with --cluster-key-file every data-plane peer
+ * must prove the cluster key and only the coordinator's signed assignments
+ * are acted on; a non-loopback --listen without a key refuses to start
+ * unless --insecure (common/exposure.h).
  */
 #include <event2/event.h>
 #include <getopt.h>
@@ -54,6 +60,10 @@ struct worker_cli {
     char *models[MAX_MODELS];
     int n_models;
     uint64_t memory;
+    const char *key_file; /* --cluster-key-file */
+    const char *model_dir; /* --model-dir, else the directory of the first --model (model_dir_buf) */
+    char model_dir_buf[4096];
+    bool insecure;
 };
 
 static int parse_options(int argc, char **argv, struct worker_cli *o);
@@ -81,13 +91,16 @@ static void usage(FILE *f)
             "  --metrics-listen H:P  serve Prometheus GET /metrics there (off by default; docs/metrics.md)\n"
             "  --metrics-insecure  allow a non-loopback --metrics-listen (metrics are read-only; no credentials)\n"
             "  --coordinator H:P   register with the coordinator's gRPC control service (live mode)\n"
-            "  --model FILE        a model file this node has (repeatable; live mode)\n"
-            "  --model-dir DIR     every *.gguf file in DIR (live mode)\n"
+            "  --model FILE        a model file this node has (repeatable; registered in live mode)\n"
+            "  --model-dir DIR     the directory StageAssign model paths are confined to (default: the\n"
+            "                      first --model's; live mode registers every *.gguf in it)\n"
             "  --memory BYTES      memory to advertise for placement (suffix K, M, G; default MemTotal)\n"
             "  --grpc-ca FILE      cluster CA: mutual TLS to the coordinator (default $STRATA_CA)\n"
             "  --grpc-cert FILE    this node's certificate, CN node:NAME (default $STRATA_CERT)\n"
             "  --grpc-key FILE     its private key (default $STRATA_KEY); docs/security.md\n"
-            "  --version           print the version, git commit and build type\n");
+            "  --version           print the version, git commit and build type\n"
+            "  --cluster-key-file FILE  data-plane key (owner-only file; docs/security.md)\n"
+            "  --insecure          allow a non-loopback --listen without a cluster key (logs a warning)\n");
 }
 
 static int bad(const char *fmt, const char *arg)
@@ -152,6 +165,8 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
                                          {"memory", required_argument, 0, 'M'},
                                          {"metrics-listen", required_argument, 0, 'P'},
                                          {"metrics-insecure", no_argument, 0, 'I'},
+                                         {"cluster-key-file", required_argument, 0, 1001},
+                                         {"insecure", no_argument, 0, 1002},
                                          {"help", no_argument, 0, 'h'},
                                          {"version", no_argument, 0, 'V'},
                                          {0, 0, 0, 0}};
@@ -189,11 +204,15 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
             o->models[o->n_models++] = strdup(optarg);
             break;
         case 'D':
+            if (o->model_dir) return bad("%s", "--model-dir given twice");
             if ((rc = add_model_dir(o, optarg))) return rc;
+            o->model_dir = optarg;
             break;
         case 'M':
             if (parse_bytes(optarg, &o->memory)) return bad("--memory '%s' is not a byte count (e.g. 8G)", optarg);
             break;
+        case 1001: o->key_file = optarg; break;
+        case 1002: o->insecure = true; break;
         case 'h': usage(stdout); return 0;
         case 'V': st_version_print(stdout, "strata-worker"); return 0;
         default: return bad("unknown or incomplete option '%s'", argv[optind - 1]);
@@ -201,8 +220,16 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
     }
     if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
     if (!o->listen) return bad("%s", "--listen HOST:PORT is required");
-    if ((o->n_models || o->memory) && !o->coordinator)
-        return bad("%s", "--model, --model-dir and --memory need --coordinator");
+    if (o->memory && !o->coordinator) return bad("%s", "--memory needs --coordinator");
+    if (!o->model_dir && o->n_models) { /* default model directory: the first --model's */
+        const char *slash = strrchr(o->models[0], '/');
+        if (!slash)
+            snprintf(o->model_dir_buf, sizeof o->model_dir_buf, ".");
+        else
+            snprintf(o->model_dir_buf, sizeof o->model_dir_buf, "%.*s", slash == o->models[0] ? 1 : (int)(slash - o->models[0]),
+                     o->models[0]);
+        o->model_dir = o->model_dir_buf;
+    }
     if (o->coordinator && !o->name) return bad("%s", "--coordinator needs --name (the node name it registers)");
     if (o->metrics_listen) {
         st_err merr;
@@ -314,15 +341,31 @@ static int run(const struct worker_cli *o)
         fprintf(stderr, "strata-worker: error: cannot create the event loop\n");
         return 1;
     }
-    worker_opts wo = {.listen_host = o->host, .listen_port = o->port, .name = o->name, .n_threads = o->threads,
-                      .models = (const char *const *)o->models, .n_models = o->n_models};
     st_err err;
-    worker *w = worker_create(base, &wo, &err);
-    if (!w) {
-        fprintf(stderr, "strata-worker: error: %s\n", err.msg);
+    cluster_key *key = NULL;
+    if (o->key_file && !(key = cluster_key_load(o->key_file, &err))) {
+        fprintf(stderr, "strata-worker: error: --cluster-key-file: %s\n", err.msg);
         event_base_free(base);
         return 1;
     }
+    char why[400];
+    if (st_exposure_check("data plane", o->listen, key != NULL, o->insecure, why, sizeof why)) {
+        fprintf(stderr, "strata-worker: error: %s (--cluster-key-file)\n", why);
+        cluster_key_free(key);
+        event_base_free(base);
+        return 1;
+    }
+    worker_opts wo = {.listen_host = o->host, .listen_port = o->port, .name = o->name, .n_threads = o->threads,
+                      .models = (const char *const *)o->models, .n_models = o->n_models, .key = key,
+                      .model_dir = o->model_dir};
+    worker *w = worker_create(base, &wo, &err);
+    if (!w) {
+        fprintf(stderr, "strata-worker: error: %s\n", err.msg);
+        cluster_key_free(key);
+        event_base_free(base);
+        return 1;
+    }
+    if (key) ST_INFO("worker: data plane authenticated with the cluster key from %s", o->key_file);
     int rc = 1;
     struct load_tick tick = {w, NULL, NULL, NULL, base};
     struct event *sig_term = evsignal_new(base, SIGTERM, on_signal, &tick);
@@ -372,6 +415,7 @@ out:
     if (sig_term) event_free(sig_term);
     if (sig_int) event_free(sig_int);
     worker_destroy(w);
+    cluster_key_free(key);
     event_base_free(base);
     ST_INFO("worker: stopped");
     return rc;

@@ -6,13 +6,16 @@
  * docs/protocol.md. */
 #include "daemon/worker.h"
 
+#include <errno.h>
 #include <event2/event.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -138,11 +141,18 @@ worker *worker_create(struct event_base *base, const worker_opts *o, st_err *err
         return NULL;
     }
     w->base = base;
+    w->model_dirfd = -1;
     w->t_start = st_now_s();
     w->n_threads = o->n_threads;
     xport_callbacks cb = {.on_connect = on_connect, .on_disconnect = on_disconnect, .on_frame = on_frame, .ud = w};
     w->x = xport_create(base, o->listen_host, o->listen_port, &cb, err);
     if (!w->x) goto fail;
+    w->key = o->key;
+    if (o->model_dir && (w->model_dirfd = open(o->model_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+        st_errf(err, "worker: model directory %s: %s", o->model_dir, strerror(errno));
+        goto fail;
+    }
+    if (o->key) xport_require_auth(w->x, o->key, XPORT_ROLE_STAGE, 0);
     if (o->name && *o->name)
         snprintf(w->name, sizeof w->name, "%s", o->name);
     else
@@ -234,5 +244,6 @@ void worker_destroy(worker *w)
     }
     for (int i = 0; i < w->n_models; i++) free(w->models[i]);
     free(w->models);
+    if (w->model_dirfd >= 0) close(w->model_dirfd);
     free(w);
 }

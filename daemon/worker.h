@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "ib/cluster_key.h"
 
 struct event_base;
 
@@ -41,6 +42,17 @@ typedef struct worker_opts {
      * a bare file name loads the listed file of that name. May be NULL. */
     const char *const *models;
     int n_models;
+    /* The directory a StageAssign's model_path is confined to (a relative
+     * path under it; daemon/model_path.h, docs/security.md). NULL: only the
+     * file names of `models` are accepted. */
+    const char *model_dir;
+    /* The cluster key (ib/cluster_key.h; must outlive the worker), or NULL.
+     * With it every data-plane peer must pass the handshake
+     * (xport_require_auth), and a StageAssign or StageRelease is acted on
+     * only from the authenticated coordinator, with a valid token
+     * (ib/assign_token.h) and an epoch not older than the newest accepted.
+     * docs/security.md. */
+    const cluster_key *key;
 } worker_opts;
 
 /* Load figures for the control plane's heartbeat (daemon/registration.h).

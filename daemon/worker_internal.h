@@ -64,6 +64,7 @@ struct wstage {
     xport_peer *coord;      /* the peer that sent the current assignment */
     xport_peer *next;       /* next hop (non-last stage) */
     double backoff;
+    struct open_job *loading; /* the newest load submitted and not done (cancelled by a newer one) */
 
     /* datapath.c */
     xport_mem *pool[POOL_MAX];
@@ -86,9 +87,13 @@ struct worker {
     int n_threads;
     double t_start;
     char **models;          /* --model paths (resolve StageAssign.model_path by file name) */
+    int model_dirfd;        /* worker_opts.model_dir, opened; -1: none (every model path refused) */
     int n_models;
     wstage *stages;         /* live stages, newest first */
     wstage *released;       /* released ones: freed after the transport (their sends may be in flight) */
+    const cluster_key *key; /* worker_opts.key */
+    uint64_t max_epoch;     /* the newest epoch of an accepted StageAssign (older ones are stale) */
+    uint64_t refused_assigns; /* StageAssign / StageRelease refused: not from the coordinator, bad token, stale */
     uint64_t dropped_frames, batch_errors;
     uint64_t fenced_frames; /* of dropped_frames: ACTIVATIONS of an epoch older than the newest stage held */
     uint64_t hops;          /* ACTIVATIONS sends to a next hop completed (StageStats.hops) */

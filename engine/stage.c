@@ -100,7 +100,9 @@ struct stage {
 
 /* ---------------------------------------------------------------- loading */
 
-static void progress(stage *s, size_t bytes) {
+/* Counts a loaded tensor; -1 when the load was cancelled (stage_params.cancel). */
+static int progress(stage *s, size_t bytes) {
+    if (s->p.cancel && atomic_load(s->p.cancel)) return -1;
     pthread_mutex_lock(&s->mu);
     s->load_done += bytes;
     int pct = s->load_total ? (int)(100.0 * (double)s->load_done / (double)s->load_total) : 100;
@@ -112,6 +114,7 @@ static void progress(stage *s, size_t bytes) {
                 pct, (double)s->load_done / 1048576.0, (double)s->load_total / 1048576.0);
     }
     pthread_mutex_unlock(&s->mu);
+    return 0;
 }
 
 static const gguf_tensor *tensor(stage *s, const char *name, st_err *err) {
@@ -134,7 +137,7 @@ static int load_rows(rank_ctx *rc, backend_weight *w, const char *name, int64_t 
                                    (const char *)t->data + (size_t)r0 * rb, err))
         return st_err_prefix(err, "%s", name);
     gguf_release_pages(rc->s->f, (const char *)t->data + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);
-    progress(rc->s, w->nbytes);
+    if (progress(rc->s, w->nbytes)) return st_errf(err, "stage: load cancelled");
     return 0;
 }
 
@@ -179,7 +182,7 @@ static int load_cols(rank_ctx *rc, backend_weight *w, const char *name, int64_t 
     if (rcode) return st_err_prefix(err, "%s", name);
     /* Every rank reads every row here, so only the last one done may drop them. */
     if (rc->s->tp == 1) gguf_release_pages(rc->s->f, t->data, t->nbytes);
-    progress(rc->s, w->nbytes);
+    if (progress(rc->s, w->nbytes)) return st_errf(err, "stage: load cancelled");
     return 0;
 }
 
@@ -193,7 +196,7 @@ static int load_norm(rank_ctx *rc, backend_weight *w, const char *name, st_err *
     if (r == 0) r = rc->be->ops->weight_upload(rc->be, w, GGML_TYPE_F32, 1, t->ne[0], buf, err);
     free(buf);
     if (r) return st_err_prefix(err, "%s", name);
-    progress(rc->s, w->nbytes);
+    if (progress(rc->s, w->nbytes)) return st_errf(err, "stage: load cancelled");
     return 0;
 }
 
@@ -675,7 +678,11 @@ stage *stage_open(const stage_params *pin, st_err *err) {
                 s->p.block_size);
         goto fail;
     }
-    s->f = gguf_open(s->p.model_path, err);
+    if (s->p.cancel && atomic_load(s->p.cancel)) {
+        st_errf(err, "stage: load cancelled");
+        goto fail;
+    }
+    s->f = s->p.use_model_fd ? gguf_open_fd(s->p.model_fd, s->p.model_path, err) : gguf_open(s->p.model_path, err);
     if (!s->f) goto fail;
     if (llama_config_from_gguf(s->f, &s->cfg, err)) goto fail;
     s->first = s->p.first_layer;

@@ -33,6 +33,7 @@
 #ifndef STRATA_ENGINE_STAGE_H
 #define STRATA_ENGINE_STAGE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -56,6 +57,14 @@ typedef struct stage_params {
     const char *backend;    /* "cpu" (default when NULL) or "cuda" (rank r on GPU r, NCCL) */
     uint32_t kv_type;       /* KV cache element type: GGML_TYPE_F32 (0, the default) or
                                GGML_TYPE_F16 (llama.cpp's default, half the memory) */
+    /* With use_model_fd: the GGUF is read from this open regular file (the
+     * caller keeps owning it; model_path only names it in messages). The
+     * worker opens it confined to its --model-dir (daemon/model_path.h). */
+    bool use_model_fd;
+    int model_fd;
+    /* Optional: set from another thread to abandon the load; stage_open then
+     * fails soon (checked between tensors) with "load cancelled". */
+    const atomic_bool *cancel;
 } stage_params;
 
 /* One sequence in a micro-batch. Its n_tokens tokens are at positions

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "ib/cluster_key.h"
 #include "ib/frame.h"
 
 struct event_base;
@@ -66,6 +67,30 @@ xport *xport_create(struct event_base *base, const char *listen_host, int listen
  * unless already completed),
  * the listener, the worker and the context. Not from inside a callback. */
 void xport_destroy(xport *x);
+
+/* What a process is on the data plane, proven in the handshake. */
+enum xport_role { XPORT_ROLE_NONE = 0, XPORT_ROLE_COORDINATOR = 1, XPORT_ROLE_STAGE = 2 };
+
+/* Authentication (docs/security.md, docs/protocol.md "Handshake"). Call right
+ * after xport_create, before the loop runs. From then on every peer, inbound
+ * or outbound, must prove the cluster key in a mutual HMAC-SHA256
+ * challenge-response (fresh random nonces from both sides; each proof binds
+ * both nonces, both roles and its direction) before on_connect reports it:
+ *   - frames from a peer that has not proven it are dropped unread and
+ *     counted (xport_stats.unauth_frames), logged at most once a second;
+ *   - a peer that fails the handshake, or has not finished it within
+ *     timeout_s (<= 0: 5 s), is disconnected (xport_stats.auth_failures);
+ *   - xport_send to an outbound peer still in the handshake is queued and
+ *     sent once the listener proved the key too (failed with -1 if not).
+ * key must outlive x; role is what this process is. Without this call the
+ * transport is open to anyone who can connect (as a loopback-only test
+ * setup is), and an outbound peer that asks for the handshake is refused
+ * with a message naming the missing key. */
+void xport_require_auth(xport *x, const cluster_key *key, enum xport_role role, double timeout_s);
+/* The role the peer proved (XPORT_ROLE_NONE without authentication). */
+enum xport_role xport_peer_role(const xport_peer *peer);
+/* "coordinator", "stage" or "unauthenticated". */
+const char *xport_role_name(enum xport_role role);
 
 /* The bound listening port, or 0 without a listener. */
 int xport_port(const xport *x);
@@ -116,6 +141,8 @@ typedef struct xport_stats {
     uint64_t rndv_recv;   /* frames whose payload came by rendezvous into the pool */
     uint64_t bad_frames;  /* dropped malformed frames (sender disconnected) */
     uint64_t peers_accepted, peers_lost;
+    uint64_t unauth_frames;  /* frames dropped from peers that had not authenticated */
+    uint64_t auth_failures;  /* handshakes that failed or timed out */
 } xport_stats;
 void xport_get_stats(const xport *x, xport_stats *out);
 

@@ -34,6 +34,7 @@
 #include "common/log.h"
 
 #define XPORT_AM_FRAME 17
+#define XPORT_AM_AUTH 18            /* handshake messages (docs/protocol.md, "Handshake") */
 #define XPORT_MAGIC 0x31465453u /* "STF1" little-endian */
 #define XPORT_VERSION 1
 #define XPORT_PREFIX 24
@@ -50,6 +51,15 @@
 #define XPORT_EAGER_MAX (128u << 10)
 /* on_event: progress / deliver rounds before it yields to the loop */
 #define XPORT_EVENT_ROUNDS 64
+/* Handshake: one 72-byte message format (docs/protocol.md, "Handshake"). */
+#define AUTH_MAGIC 0x31415453u      /* "STA1" little-endian */
+#define AUTH_MSG_LEN 72             /* magic 4, type 1, role 1, zero 2, nonce 32, mac 32 */
+#define AUTH_TIMEOUT_S 5.0
+#define AUTH_TICK_US 200000         /* handshake deadline checks */
+enum auth_type { AUTH_CHALLENGE = 1, AUTH_RESPONSE = 2, AUTH_CONFIRM = 3, AUTH_REFUSED = 4 };
+/* Where a peer is in the handshake. AUTH_OFF: no key on this transport. */
+enum auth_state { AUTH_OFF, AUTH_SERVER_START, AUTH_WAIT_RESPONSE, AUTH_WAIT_CHALLENGE, AUTH_WAIT_CONFIRM,
+                  AUTH_FAILED, AUTH_DONE };
 
 enum peer_state { PEER_OPEN, PEER_CLOSING, PEER_CLOSED };
 
@@ -99,6 +109,14 @@ struct xport_peer {
     struct rx *rx_head;
     int n_rx;
     void *user;
+    /* handshake */
+    enum auth_state auth;
+    enum xport_role role;           /* proven by the peer */
+    double auth_deadline;
+    uint8_t ns[CLUSTER_NONCE_LEN], nc[CLUSTER_NONCE_LEN]; /* the server's and the client's nonce */
+    uint8_t auth_in[AUTH_MSG_LEN];  /* a received handshake message, handled in drain */
+    bool auth_in_ready;
+    struct send_ctx *deferred_head, *deferred_tail; /* sends waiting for the handshake */
 };
 
 struct send_ctx {
@@ -108,8 +126,16 @@ struct send_ctx {
     void *arg;
     int status;
     uint8_t *amhdr; /* prefix (+ header) */
-    uint8_t *copy;  /* header || payload when HDR_IN_DATA */
+    uint8_t *copy;  /* header || payload when HDR_IN_DATA; the message of a handshake send */
     size_t bytes;
+    /* the UCX send, kept for a send deferred until the handshake is done */
+    unsigned am_id;
+    size_t amhdr_len;
+    const void *data;
+    size_t dlen;
+    uint32_t flags;
+    const xport_mem *mem;
+    bool internal;    /* a handshake message: no callback, not in the frame counters */
 };
 
 struct xport {
@@ -128,9 +154,19 @@ struct xport {
     struct rbuf pool[XPORT_POOL_MAX];
     xport_stats stats;
     bool destroying;
+    /* authentication (xport_require_auth) */
+    const cluster_key *key;
+    enum xport_role role;
+    double auth_timeout_s;
+    struct event *auth_ev;
+    double unauth_log_at, authfail_log_at; /* rate limits of the warnings */
+    uint64_t unauth_quiet, authfail_quiet;  /* lines left out since */
     bool in_event; /* on_event is running: kick() only notes the work */
     bool issued;   /* a UCX operation was started since the last progress */
 };
+
+static bool auth_step(xport *x, xport_peer *p);
+static void fail_deferred(xport_peer *p);
 
 /* ---- small helpers ---- */
 
@@ -326,6 +362,80 @@ static void rx_insert(xport_peer *p, struct rx *r)
     p->n_rx++;
 }
 
+/* At most one line a second per kind of event an outsider can cause at will;
+ * *quiet counts the lines left out, reported with the next one. */
+static bool log_allowed(double *at, uint64_t *quiet)
+{
+    double now = st_now_s();
+    if (now - *at < 1.0) {
+        (*quiet)++;
+        return false;
+    }
+    *at = now;
+    return true;
+}
+
+static bool authenticating(const xport_peer *p) { return p->auth != AUTH_OFF && p->auth != AUTH_DONE; }
+
+/* A frame from a peer that has not authenticated: dropped unread, counted. */
+static ucs_status_t unauth_frame(xport_peer *p, bool rndv)
+{
+    xport *x = p->x;
+    x->stats.unauth_frames++;
+    if (log_allowed(&x->unauth_log_at, &x->unauth_quiet)) {
+        ST_WARN("xport: dropped a frame from %s: it has not authenticated (%llu dropped so far, %llu such "
+                "lines left out)", p->name, (unsigned long long)x->stats.unauth_frames,
+                (unsigned long long)x->unauth_quiet);
+        x->unauth_quiet = 0;
+    }
+    return rndv ? UCS_ERR_REJECTED : UCS_OK;
+}
+
+/* The handshake with p failed: counted and logged (rate-limited). */
+static void auth_fail_note(xport_peer *p, const char *why)
+{
+    xport *x = p->x;
+    p->auth = AUTH_FAILED;
+    x->stats.auth_failures++;
+    if (log_allowed(&x->authfail_log_at, &x->authfail_quiet)) {
+        ST_WARN("xport: %s: authentication failed: %s (%llu such lines left out)", p->name, why,
+                (unsigned long long)x->authfail_quiet);
+        x->authfail_quiet = 0;
+    }
+}
+
+/* ... and disconnected. */
+static void auth_fail(xport_peer *p, const char *why)
+{
+    if (p->auth == AUTH_FAILED) return;
+    auth_fail_note(p, why);
+    char reason[160];
+    snprintf(reason, sizeof reason, "authentication failed: %.130s", why);
+    peer_fail(p, reason);
+}
+
+/* A handshake message: kept for drain (no sends from UCX's callbacks). */
+static ucs_status_t on_auth_am(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                               const ucp_am_recv_param_t *param)
+{
+    xport *x = arg;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) return UCS_ERR_REJECTED;
+    xport_peer *p = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? find_peer(x, param->reply_ep) : NULL;
+    if (!p || p->state != PEER_OPEN || p->fail) return UCS_OK;
+    if (header_length != 0 || length != AUTH_MSG_LEN || get_le32(data) != AUTH_MAGIC) {
+        auth_fail(p, "malformed handshake message");
+        return UCS_OK;
+    }
+    if (p->auth_in_ready || p->auth == AUTH_DONE) {
+        auth_fail(p, "handshake message out of turn");
+        return UCS_OK;
+    }
+    memcpy(p->auth_in, data, AUTH_MSG_LEN);
+    p->auth_in_ready = true;
+    kick(x);
+    return UCS_OK;
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data, size_t length,
                           const ucp_am_recv_param_t *param)
 {
@@ -337,6 +447,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         return rndv ? UCS_ERR_REJECTED : UCS_OK;
     }
     if (p->state != PEER_OPEN || p->fail) return rndv ? UCS_ERR_CANCELED : UCS_OK;
+    if (authenticating(p) || p->auth == AUTH_FAILED) return unauth_frame(p, rndv);
 
     const uint8_t *h = header;
     if (header_length < XPORT_PREFIX || get_le32(h) != XPORT_MAGIC) return bad_frame(p, rndv, "bad prefix");
@@ -438,6 +549,10 @@ static xport_peer *peer_new(xport *x, bool inbound, const char *name)
     p->inbound = inbound;
     p->user_knows = !inbound;
     p->state = PEER_OPEN;
+    if (x->key) {
+        p->auth = inbound ? AUTH_SERVER_START : AUTH_WAIT_CHALLENGE;
+        p->auth_deadline = st_now_s() + x->auth_timeout_s;
+    }
     snprintf(p->name, sizeof p->name, "%s", name);
     return p;
 }
@@ -513,11 +628,13 @@ static bool drain(xport *x)
         if (!x->done_head) x->done_tail = NULL;
         xport_peer *p = c->peer;
         p->ops--;
-        if (c->status == 0) {
-            x->stats.frames_sent++;
-            x->stats.bytes_sent += c->bytes;
+        if (!c->internal) {
+            if (c->status == 0) {
+                x->stats.frames_sent++;
+                x->stats.bytes_sent += c->bytes;
+            }
+            if (c->cb) c->cb(p, c->status, c->arg);
         }
-        if (c->cb) c->cb(p, c->status, c->arg);
         free(c->amhdr);
         free(c->copy);
         free(c);
@@ -526,6 +643,8 @@ static bool drain(xport *x)
     /* connects and frames */
     for (xport_peer *p = x->peers; p; p = p->next) {
         if (p->state != PEER_OPEN || p->fail) continue;
+        if ((authenticating(p) || p->auth_in_ready) && auth_step(x, p)) did = true;
+        if (authenticating(p) || p->auth == AUTH_FAILED || p->fail) continue;
         if (!p->connect_reported) {
             p->connect_reported = true;
             p->user_knows = true;
@@ -564,7 +683,11 @@ static bool drain(xport *x)
         }
     }
     /* closes */
-    for (xport_peer *p = x->peers; p; p = p->next)
+    for (xport_peer *p = x->peers; p; p = p->next) {
+        if (p->fail && p->deferred_head) {
+            fail_deferred(p);
+            did = true;
+        }
         if (p->fail && p->state == PEER_OPEN) {
             /* An outbound endpoint that never carried a frame is a connect
              * attempt that failed (a peer not up yet, retried by the caller):
@@ -576,6 +699,7 @@ static bool drain(xport *x)
             peer_start_close(x, p);
             did = true;
         }
+    }
     /* finished peers: report and free */
     for (xport_peer **pp = &x->peers; *pp;) {
         xport_peer *p = *pp;
@@ -719,6 +843,13 @@ xport *xport_create(struct event_base *base, const char *listen_host, int listen
                                  .cb = on_am,
                                  .arg = x};
     st = ucp_worker_set_am_recv_handler(x->worker, &ap);
+    if (st == UCS_OK) {
+        ucp_am_handler_param_t aa = ap;
+        aa.id = XPORT_AM_AUTH;
+        aa.flags = UCP_AM_FLAG_WHOLE_MSG;
+        aa.cb = on_auth_am;
+        st = ucp_worker_set_am_recv_handler(x->worker, &aa);
+    }
     if (st != UCS_OK) {
         st_errf(err, "xport: ucp_worker_set_am_recv_handler: %s", ucs_status_string(st));
         goto fail;
@@ -813,6 +944,55 @@ const char *xport_peer_name(const xport_peer *p) { return p->name; }
 void xport_peer_set_user(xport_peer *p, void *user) { p->user = user; }
 void *xport_peer_user(const xport_peer *p) { return p->user; }
 
+/* Starts the UCX send of c (am_id, amhdr, data, flags, mem filled). 0, or
+ * -1 + err (c untouched: the caller frees it). */
+static int issue_send(xport_peer *p, struct send_ctx *c, st_err *err)
+{
+    xport *x = p->x;
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = c->flags,
+                              .cb.send = on_send_cb,
+                              .user_data = c};
+    if (c->mem && c->dlen) {
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        rp.memh = c->mem->memh;
+    }
+    ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, c->am_id, c->amhdr_len ? c->amhdr : NULL, c->amhdr_len,
+                                          c->dlen ? c->data : NULL, c->dlen, &rp);
+    if (UCS_PTR_IS_ERR(sp))
+        return st_errf(err, "xport: send to %s: %s", p->name, ucs_status_string(UCS_PTR_STATUS(sp)));
+    if (sp == NULL) send_done(x, c, 0); /* completed at once: report from the loop */
+    kick(x);
+    return 0;
+}
+
+/* The sends queued during the handshake go out (it succeeded) or fail. */
+static void flush_deferred(xport_peer *p)
+{
+    while (p->deferred_head) {
+        struct send_ctx *c = p->deferred_head;
+        p->deferred_head = c->next;
+        if (!p->deferred_head) p->deferred_tail = NULL;
+        st_err err;
+        if (issue_send(p, c, &err)) {
+            ST_WARN("%s", err.msg);
+            send_done(p->x, c, -1);
+            peer_fail(p, "send failed");
+        }
+    }
+}
+
+static void fail_deferred(xport_peer *p)
+{
+    while (p->deferred_head) {
+        struct send_ctx *c = p->deferred_head;
+        p->deferred_head = c->next;
+        send_done(p->x, c, -1);
+    }
+    p->deferred_tail = NULL;
+}
+
 static int send_common(xport_peer *p, const uint8_t *hb, size_t hl, const void *payload, size_t bytes,
                        const xport_mem *mem, xport_send_cb cb, void *arg, st_err *err)
 {
@@ -851,34 +1031,216 @@ static int send_common(xport_peer *p, const uint8_t *hb, size_t hl, const void *
         dlen = hl + bytes;
         mem = NULL;
     }
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                              UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_AM_SEND_FLAG_REPLY,
-                              .cb.send = on_send_cb,
-                              .user_data = c};
-    if (dlen && dlen <= x->eager_max) rp.flags |= UCP_AM_SEND_FLAG_EAGER;
-    if (mem && dlen) {
-        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        rp.memh = mem->memh;
-    }
-    ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, XPORT_AM_FRAME, c->amhdr,
-                                          XPORT_PREFIX + (inline_hdr ? hl : 0), dlen ? data : NULL, dlen, &rp);
-    if (UCS_PTR_IS_ERR(sp)) {
-        ucs_status_t st = UCS_PTR_STATUS(sp);
+    c->am_id = XPORT_AM_FRAME;
+    c->amhdr_len = XPORT_PREFIX + (inline_hdr ? hl : 0);
+    c->data = data;
+    c->dlen = dlen;
+    c->flags = UCP_AM_SEND_FLAG_REPLY;
+    if (dlen && dlen <= x->eager_max) c->flags |= UCP_AM_SEND_FLAG_EAGER;
+    c->mem = mem;
+    if (authenticating(p)) { /* goes out once the peer proved the key (flush_deferred) */
+        c->next = NULL;
+        if (p->deferred_tail)
+            p->deferred_tail->next = c;
+        else
+            p->deferred_head = c;
+        p->deferred_tail = c;
+    } else if (issue_send(p, c, err)) {
         free(c->amhdr);
         free(c->copy);
         free(c);
-        return st_errf(err, "xport: send to %s: %s", p->name, ucs_status_string(st));
+        return -1;
     }
     p->tx_seq++;
     p->ops++;
-    if (sp == NULL) send_done(x, c, 0); /* completed at once: report from the loop */
-    kick(x);
     return 0;
 oom:
     free(c->amhdr);
     free(c);
     return st_errf(err, "xport: out of memory");
+}
+
+/* ---- handshake (docs/protocol.md, "Handshake") ---- */
+
+/* The MAC of one direction: dir 'C' (the client's proof) or 'S' (the
+ * server's), over both roles and both nonces, under key idx. */
+static int auth_transcript(char dir, uint8_t role_c, uint8_t role_s, const uint8_t *ns, const uint8_t *nc,
+                           uint8_t *buf)
+{
+    static const char label[] = "strata/v1 data-plane handshake";
+    size_t n = 0;
+    memcpy(buf, label, sizeof label);
+    n += sizeof label;
+    buf[n++] = (uint8_t)dir;
+    buf[n++] = role_c;
+    buf[n++] = role_s;
+    memcpy(buf + n, ns, CLUSTER_NONCE_LEN);
+    n += CLUSTER_NONCE_LEN;
+    memcpy(buf + n, nc, CLUSTER_NONCE_LEN);
+    return (int)(n + CLUSTER_NONCE_LEN);
+}
+#define AUTH_TRANSCRIPT_MAX 128
+
+static void auth_send(xport_peer *p, enum auth_type type, const uint8_t *nonce, const uint8_t *mac)
+{
+    struct send_ctx *c = calloc(1, sizeof *c);
+    uint8_t *m = calloc(1, AUTH_MSG_LEN);
+    if (!c || !m) {
+        free(c);
+        free(m);
+        auth_fail(p, "out of memory");
+        return;
+    }
+    put_le32(m, AUTH_MAGIC);
+    m[4] = (uint8_t)type;
+    m[5] = (uint8_t)p->x->role;
+    if (nonce) memcpy(m + 8, nonce, CLUSTER_NONCE_LEN);
+    if (mac) memcpy(m + 8 + CLUSTER_NONCE_LEN, mac, CLUSTER_MAC_LEN);
+    c->peer = p;
+    c->internal = true;
+    c->copy = m;
+    c->am_id = XPORT_AM_AUTH;
+    c->data = m;
+    c->dlen = AUTH_MSG_LEN;
+    c->flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    st_err err;
+    if (issue_send(p, c, &err)) {
+        free(m);
+        free(c);
+        auth_fail(p, err.msg);
+        return;
+    }
+    p->ops++;
+}
+
+/* Runs p's handshake one step: the server's challenge, then the message
+ * received (p->auth_in). Returns true when it did something. */
+static bool auth_step(xport *x, xport_peer *p)
+{
+    bool did = false;
+    if (p->auth == AUTH_SERVER_START) {
+        did = true;
+        if (cluster_random(p->ns, CLUSTER_NONCE_LEN)) {
+            auth_fail(p, "no random bytes (RAND_bytes)");
+            return true;
+        }
+        p->auth = AUTH_WAIT_RESPONSE;
+        auth_send(p, AUTH_CHALLENGE, p->ns, NULL);
+    }
+    if (!p->auth_in_ready || p->fail) return did;
+    p->auth_in_ready = false;
+    const uint8_t *m = p->auth_in;
+    uint8_t type = m[4], role = m[5];
+    const uint8_t *nonce = m + 8, *mac = m + 8 + CLUSTER_NONCE_LEN;
+    uint8_t tr[AUTH_TRANSCRIPT_MAX], mine[CLUSTER_MAC_LEN];
+    if (p->auth == AUTH_OFF) {
+        if (!p->inbound && type == AUTH_CHALLENGE) {
+            x->stats.auth_failures++;
+            if (log_allowed(&x->authfail_log_at, &x->authfail_quiet))
+                ST_ERROR("xport: %s requires data-plane authentication, and this process has no cluster key "
+                         "(cluster_key_file / --cluster-key-file; docs/security.md)", p->name);
+            peer_fail(p, "the peer requires the cluster key and none is configured");
+        }
+        return true; /* anything else from a peer when we have no key: ignored */
+    }
+    if (role != XPORT_ROLE_COORDINATOR && role != XPORT_ROLE_STAGE) {
+        auth_fail(p, "handshake with an unknown role");
+        return true;
+    }
+    int n, idx;
+    switch (p->auth) {
+    case AUTH_WAIT_CHALLENGE:
+        if (type != AUTH_CHALLENGE) break;
+        memcpy(p->ns, nonce, CLUSTER_NONCE_LEN);
+        if (cluster_random(p->nc, CLUSTER_NONCE_LEN)) {
+            auth_fail(p, "no random bytes (RAND_bytes)");
+            return true;
+        }
+        p->role = (enum xport_role)role;
+        n = auth_transcript('C', (uint8_t)x->role, role, p->ns, p->nc, tr);
+        if (cluster_key_mac(x->key, 0, CLUSTER_KEY_HANDSHAKE, tr, (size_t)n, mine)) {
+            auth_fail(p, "HMAC failed (libcrypto)");
+            return true;
+        }
+        p->auth = AUTH_WAIT_CONFIRM;
+        auth_send(p, AUTH_RESPONSE, p->nc, mine);
+        return true;
+    case AUTH_WAIT_RESPONSE:
+        if (type != AUTH_RESPONSE) break;
+        memcpy(p->nc, nonce, CLUSTER_NONCE_LEN);
+        n = auth_transcript('C', role, (uint8_t)x->role, p->ns, p->nc, tr);
+        idx = cluster_key_verify(x->key, CLUSTER_KEY_HANDSHAKE, tr, (size_t)n, mac, CLUSTER_MAC_LEN);
+        if (idx < 0) { /* tell it (its operator sees why); disconnected when it leaves, or at on_auth_tick */
+            auth_fail_note(p, "its proof does not match the cluster key (a different key, or none)");
+            p->auth_deadline = st_now_s() + 1.0;
+            auth_send(p, AUTH_REFUSED, NULL, NULL);
+            return true;
+        }
+        p->role = (enum xport_role)role;
+        n = auth_transcript('S', role, (uint8_t)x->role, p->ns, p->nc, tr);
+        if (cluster_key_mac(x->key, idx, CLUSTER_KEY_HANDSHAKE, tr, (size_t)n, mine)) {
+            auth_fail(p, "HMAC failed (libcrypto)");
+            return true;
+        }
+        auth_send(p, AUTH_CONFIRM, NULL, mine);
+        if (p->fail) return true;
+        p->auth = AUTH_DONE;
+        ST_DEBUG("xport: %s authenticated as %s", p->name, xport_role_name(p->role));
+        flush_deferred(p);
+        return true;
+    case AUTH_WAIT_CONFIRM:
+        if (type == AUTH_REFUSED) {
+            auth_fail(p, "the peer refused our proof: the cluster keys differ");
+            return true;
+        }
+        if (type != AUTH_CONFIRM) break;
+        n = auth_transcript('S', (uint8_t)x->role, (uint8_t)p->role, p->ns, p->nc, tr);
+        if (cluster_key_verify(x->key, CLUSTER_KEY_HANDSHAKE, tr, (size_t)n, mac, CLUSTER_MAC_LEN) < 0) {
+            auth_fail(p, "the peer did not prove the cluster key");
+            return true;
+        }
+        p->auth = AUTH_DONE;
+        ST_DEBUG("xport: %s authenticated as %s", p->name, xport_role_name(p->role));
+        flush_deferred(p);
+        return true;
+    default: break;
+    }
+    auth_fail(p, "handshake message out of turn");
+    return true;
+}
+
+/* Handshake deadlines. */
+static void on_auth_tick(evutil_socket_t fd, short what, void *arg)
+{
+    xport *x = arg;
+    double now = st_now_s();
+    for (xport_peer *p = x->peers; p; p = p->next) {
+        if (p->state != PEER_OPEN || p->fail || now < p->auth_deadline) continue;
+        if (p->auth == AUTH_FAILED)
+            peer_fail(p, "authentication failed");
+        else if (authenticating(p))
+            auth_fail(p, p->inbound ? "no proof of the cluster key in time"
+                                    : "no handshake from the listener in time (has it the cluster key?)");
+    }
+}
+
+void xport_require_auth(xport *x, const cluster_key *key, enum xport_role role, double timeout_s)
+{
+    x->key = key;
+    x->role = key ? role : XPORT_ROLE_NONE;
+    x->auth_timeout_s = timeout_s > 0 ? timeout_s : AUTH_TIMEOUT_S;
+    if (key && !x->auth_ev) {
+        x->auth_ev = event_new(x->base, -1, EV_PERSIST, on_auth_tick, x);
+        struct timeval tv = {0, AUTH_TICK_US};
+        if (x->auth_ev) event_add(x->auth_ev, &tv);
+    }
+}
+
+enum xport_role xport_peer_role(const xport_peer *p) { return p->auth == AUTH_DONE ? p->role : XPORT_ROLE_NONE; }
+
+const char *xport_role_name(enum xport_role r)
+{
+    return r == XPORT_ROLE_COORDINATOR ? "coordinator" : r == XPORT_ROLE_STAGE ? "stage" : "unauthenticated";
 }
 
 int xport_send(xport_peer *p, const frame_header *hdr, const void *payload, size_t payload_bytes,
@@ -964,6 +1326,7 @@ void xport_destroy(xport *x)
         for (xport_peer *p = x->peers; p; p = p->next) {
             if (!p->fail) snprintf(p->reason, sizeof p->reason, "transport destroyed");
             p->fail = true;
+            fail_deferred(p);
             peer_start_close(x, p);
         }
         /* Let closes and cancelled operations complete (bounded), running
@@ -1002,6 +1365,7 @@ void xport_destroy(xport *x)
         if (x->listener) ucp_listener_destroy(x->listener);
     }
     if (x->ev) event_free(x->ev);
+    if (x->auth_ev) event_free(x->auth_ev);
     for (int i = 0; i < XPORT_POOL_MAX; i++) rbuf_unmap(x, &x->pool[i]);
     if (x->worker) ucp_worker_destroy(x->worker);
     if (x->ctx) ucp_cleanup(x->ctx);

@@ -103,6 +103,9 @@ typedef struct gguf_file gguf_file;
 /* Opens and validates a file (mmap, read-only). NULL + err on failure; the
  * message names the path, the byte offset and the fault. */
 gguf_file *gguf_open(const char *path, st_err *err);
+/* Same, from an open descriptor (a regular file; the caller keeps owning
+ * fd: it may be closed after this returns). `path` names it in messages. */
+gguf_file *gguf_open_fd(int fd, const char *path, st_err *err);
 /* Same, over a caller-owned buffer that must outlive the result (fuzzing,
  * tests). `name` is used in error messages. */
 gguf_file *gguf_open_memory(const void *buf, size_t size, const char *name, st_err *err);

@@ -522,20 +522,25 @@ gguf_file *gguf_open_memory(const void *buf, size_t size, const char *name, st_e
 }
 
 gguf_file *gguf_open(const char *path, st_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO or a device must not block the open (it is refused below). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         st_errf(err, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
+    gguf_file *f = gguf_open_fd(fd, path, err);
+    close(fd);
+    return f;
+}
+
+gguf_file *gguf_open_fd(int fd, const char *path, st_err *err) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         st_errf(err, "%s: not a regular file", path);
-        close(fd);
         return NULL;
     }
     gguf_file *f = file_new(path);
     if (!f) {
-        close(fd);
         st_errf(err, "%s: out of memory", path);
         return NULL;
     }
@@ -543,7 +548,6 @@ gguf_file *gguf_open(const char *path, st_err *err) {
         void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             st_errf(err, "%s: mmap failed: %s", path, strerror(errno));
-            close(fd);
             gguf_close(f);
             return NULL;
         }
@@ -555,7 +559,6 @@ gguf_file *gguf_open(const char *path, st_err *err) {
         f->base = empty;
         f->size = 0;
     }
-    close(fd);
     if (parse(f, err)) {
         gguf_close(f);
         return NULL;

@@ -179,6 +179,17 @@ static int cluster_key(parser *p, const char *k, const char *v) {
         if (!*v) return fail(p, p->line, "[cluster]: model_name must not be empty");
         return set_str(p, &c->model_name, v);
     }
+    if (!strcmp(k, "worker_model")) {
+        if (!*v || v[0] == '/') return fail(p, p->line, "[cluster]: worker_model must be a relative path (under the workers' --model-dir)");
+        for (const char *q = v; *q; q = strchr(q, '/') ? strchr(q, '/') + 1 : q + strlen(q))
+            if (!strncmp(q, "..", 2) && (q[2] == '/' || !q[2]))
+                return fail(p, p->line, "[cluster]: worker_model must not contain '..'");
+        return set_str(p, &c->worker_model, v);
+    }
+    if (!strcmp(k, "cluster_key_file")) {
+        if (!*v) return fail(p, p->line, "[cluster]: cluster_key_file must not be empty");
+        return set_str(p, &c->cluster_key_file, v);
+    }
     if (!strcmp(k, "act_dtype")) {
         if (!strcmp(v, "f32"))
             c->act_dtype = COORD_ACT_F32;
@@ -446,6 +457,8 @@ void coord_config_free(coord_config *cfg) {
     free(cfg->api_key_file);
     free(cfg->http_tls_cert);
     free(cfg->http_tls_key);
+    free(cfg->worker_model);
+    free(cfg->cluster_key_file);
     free(cfg->stages);
     memset(cfg, 0, sizeof *cfg);
 }

@@ -37,6 +37,10 @@ typedef struct coord_config {
     char *path;          /* the file read (for messages) */
     char *model;         /* GGUF path (required) */
     char *model_name;    /* name served in the API; default: model file name without .gguf */
+    /* StageAssign.model_path: the model relative to each worker's --model-dir
+     * (docs/security.md, "Model files"); default: the file name of `model` */
+    char *worker_model;
+    char *cluster_key_file; /* the data plane's cluster key (ib/cluster_key.h); NULL = none */
     enum coord_act_dtype act_dtype; /* default f32 */
     int kv_block_size;   /* tokens per KV block; default 16 */
     int kv_blocks;       /* KV blocks per stage (the same ids on every stage); default 1024 */

@@ -65,6 +65,7 @@ static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
     }
     r->cfg = *s->o.cfg;
     r->cfg.model = s->model_file; /* the workers resolve the file name */
+    r->cfg.worker_model = NULL;   /* ... among their registered files */
     r->cfg.stages = r->stages;
     r->cfg.n_stages = pl->n_stages;
     r->cfg.n_partition = 0;

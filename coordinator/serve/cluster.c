@@ -16,6 +16,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "coordinator/serve/sched.h"
+#include "ib/assign_token.h"
+#include "ib/cluster_key.h"
 #include "ib/frame.h"
 #include "ib/transport.h"
 #include "proto/stage.pb-c.h"
@@ -141,6 +143,7 @@ struct cluster {
     double ready_timeout_s;
     stage_link *links;
     xport *x;
+    cluster_key *key;   /* cfg->cluster_key_file, loaded at create; NULL = none */
     struct event *retry_ev, *deadline_ev, *pump_ev, *stats_ev;
     void (*on_fatal)(void *, const char *);
     void (*on_ready)(void *);
@@ -588,7 +591,7 @@ static void send_assign(cluster *c, stage_link *l) {
     a.adopt_epoch = c->adopt_epoch;
     a.stage = (uint32_t)l->index;
     a.n_stages = (uint32_t)c->n_stages;
-    a.model_path = c->cfg->model;
+    a.model_path = (char *)cluster_worker_model(c->cfg);
     a.first_layer = l->range.first;
     a.last_layer = l->range.last;
     a.tp = l->tp;
@@ -597,6 +600,15 @@ static void send_assign(cluster *c, stage_link *l) {
     a.act_dtype = c->cfg->act_dtype == COORD_ACT_BF16 ? STRATA__V1__DTYPE__DTYPE_BF16
                                                       : STRATA__V1__DTYPE__DTYPE_F32;
     a.next_hop = next;
+    uint8_t token[CLUSTER_MAC_LEN];
+    if (c->key) {
+        if (assign_token_make(c->key, &a, token)) {
+            ST_ERROR("cluster: cannot sign the assignment of stage %d (libcrypto)", l->index);
+            return;
+        }
+        a.token.data = token;
+        a.token.len = sizeof token;
+    }
     ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
     m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN;
     m.assign = &a;
@@ -1341,6 +1353,19 @@ coord_engine cluster_engine(cluster *c) {
 
 /* ---- lifetime ------------------------------------------------------------- */
 
+const char *cluster_worker_model(const coord_config *cfg) {
+    if (cfg->worker_model) return cfg->worker_model;
+    const char *slash = strrchr(cfg->model, '/');
+    return slash ? slash + 1 : cfg->model;
+}
+
+int cluster_check_key(const coord_config *cfg, st_err *err) {
+    if (!cfg->cluster_key_file) return 0;
+    cluster_key *k = cluster_key_load(cfg->cluster_key_file, err);
+    cluster_key_free(k);
+    return k ? 0 : -1;
+}
+
 cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *err) {
     if (!base || !o || !o->cfg || !o->ranges || !o->vocab || o->cfg->n_stages < 1 || o->n_ctx < 2)
         return (void)st_errf(err, "cluster: bad options"), NULL;
@@ -1380,9 +1405,11 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
             goto fail;
         }
     }
+    if (o->cfg->cluster_key_file && !(c->key = cluster_key_load(o->cfg->cluster_key_file, err))) goto fail;
     xport_callbacks cb = {x_on_connect, x_on_disconnect, x_on_frame, c};
     c->x = xport_create(base, NULL, 0, &cb, err);
     if (!c->x) goto fail;
+    if (c->key) xport_require_auth(c->x, c->key, XPORT_ROLE_COORDINATOR, 0);
     c->retry_ev = evtimer_new(base, connect_missing, c);
     c->deadline_ev = evtimer_new(base, on_deadline, c);
     c->pump_ev = event_new(base, -1, 0, pump, c);
@@ -1414,6 +1441,7 @@ void cluster_destroy(cluster *c) {
         creq_free(r);
     }
     if (c->x) xport_destroy(c->x);
+    cluster_key_free(c->key);
     if (c->retry_ev) event_free(c->retry_ev);
     if (c->deadline_ev) event_free(c->deadline_ev);
     if (c->pump_ev) event_free(c->pump_ev);

@@ -128,8 +128,19 @@ typedef struct cluster_opts {
     double recovery_timeout_s;
 } cluster_opts;
 
+/* Security (docs/security.md, "Data plane (UCX)"): with cfg->cluster_key_file
+ * the key is read at create, every worker connection must pass the
+ * handshake (xport_require_auth, role coordinator) and each StageAssign
+ * carries its token (ib/assign_token.h). StageAssign.model_path is
+ * cluster_worker_model(cfg): the model relative to the workers' --model-dir. */
+const char *cluster_worker_model(const coord_config *cfg);
+/* Reads cfg->cluster_key_file (when set) to report a bad one at start-up:
+ * unreadable, readable by others, malformed. 0 or -1 + err. */
+int cluster_check_key(const coord_config *cfg, st_err *err);
+
 /* Creates the transport and starts connecting. NULL + err when the
- * transport cannot be created or an address cannot be parsed. */
+ * transport cannot be created, an address cannot be parsed or the cluster
+ * key cannot be read. */
 cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *err);
 /* Cancels everything (no callbacks), closes the peers and frees. After the
  * loop returned. */

@@ -65,10 +65,11 @@ class Cluster:
     worker flags)}."""
 
     def __init__(self, args, stages, partition=None, extra_cfg="", threads_per_rank=1,
-                 model=None, coord_args=(), kv_blocks=512):
+                 model=None, coord_args=(), kv_blocks=512, worker_args=()):
         self.args = args
         self.kv_blocks = kv_blocks
         self.coord_args = list(coord_args)
+        self.worker_args = list(worker_args)
         self.stages = stages
         self.partition = partition
         self.extra_cfg = extra_cfg
@@ -94,7 +95,8 @@ class Cluster:
             port = free_port("127.0.0.1")
             self.worker_addrs.append((host, port))
             cmd = [self.args.worker, "--listen", "%s:%d" % (host, port),
-                   "--threads", str(st["tp"] * self.threads_per_rank), "--name", "w%d" % i]
+                   "--threads", str(st["tp"] * self.threads_per_rank), "--name", "w%d" % i,
+                   "--model-dir", os.path.dirname(os.path.abspath(self.model))] + self.worker_args
             cmd += st.get("args", [])  # extra worker flags
             if st.get("netns"):
                 cmd = ["ip", "netns", "exec", st["netns"]] + cmd

@@ -83,7 +83,8 @@ static pid_t spawn_worker(const char *exe, const char *name, int *port)
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
-        execl(exe, exe, "--listen", "127.0.0.1:0", "--name", name, "--threads", "2", (char *)NULL);
+        execl(exe, exe, "--listen", "127.0.0.1:0", "--name", name, "--threads", "2", "--model-dir",
+              test_shared_path("models"), (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -517,7 +518,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     atexit(kill_all);
     alarm(170); /* a hard bound for the whole test */
-    const char *model = test_shared_path("models/stories260K.gguf");
+    const char *model = "stories260K.gguf"; /* under the workers' --model-dir */
     ref_prompt ref[2];
     load_ref(ref, 2);
     double t_start = now_s();
