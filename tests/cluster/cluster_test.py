@@ -57,7 +57,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import FAILS, NetnsBridge, check, netns_unavailable, check_streams, free_port, sse_events, stream_all  # noqa: E402
+from harness import FAILS, NetnsBridge, check, netns_unavailable, check_streams, free_port, sse_events, stream_all, insecure_flag  # noqa: E402
 
 
 class Cluster:
@@ -98,6 +98,8 @@ class Cluster:
                    "--threads", str(st["tp"] * self.threads_per_rank), "--name", "w%d" % i,
                    "--model-dir", os.path.dirname(os.path.abspath(self.model))] + self.worker_args
             cmd += st.get("args", [])  # extra worker flags
+            if not host.startswith("127.") and "--cluster-key-file" not in self.worker_args:
+                cmd += insecure_flag(self.args.worker)  # a netns address: no key in this test
             if st.get("netns"):
                 cmd = ["ip", "netns", "exec", st["netns"]] + cmd
             self.worker_cmds.append(cmd)
