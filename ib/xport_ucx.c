@@ -32,6 +32,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/log_limit.h"
 
 #define XPORT_AM_FRAME 17
 #define XPORT_AM_AUTH 18            /* handshake messages (docs/protocol.md, "Handshake") */
@@ -159,8 +160,7 @@ struct xport {
     enum xport_role role;
     double auth_timeout_s;
     struct event *auth_ev;
-    double unauth_log_at, authfail_log_at; /* rate limits of the warnings */
-    uint64_t unauth_quiet, authfail_quiet;  /* lines left out since */
+    st_log_limit unauth_lim, authfail_lim; /* the warnings an outsider can cause: one a second */
     bool in_event; /* on_event is running: kick() only notes the work */
     bool issued;   /* a UCX operation was started since the last progress */
 };
@@ -362,19 +362,6 @@ static void rx_insert(xport_peer *p, struct rx *r)
     p->n_rx++;
 }
 
-/* At most one line a second per kind of event an outsider can cause at will;
- * *quiet counts the lines left out, reported with the next one. */
-static bool log_allowed(double *at, uint64_t *quiet)
-{
-    double now = st_now_s();
-    if (now - *at < 1.0) {
-        (*quiet)++;
-        return false;
-    }
-    *at = now;
-    return true;
-}
-
 static bool authenticating(const xport_peer *p) { return p->auth != AUTH_OFF && p->auth != AUTH_DONE; }
 
 /* A frame from a peer that has not authenticated: dropped unread, counted. */
@@ -382,12 +369,10 @@ static ucs_status_t unauth_frame(xport_peer *p, bool rndv)
 {
     xport *x = p->x;
     x->stats.unauth_frames++;
-    if (log_allowed(&x->unauth_log_at, &x->unauth_quiet)) {
-        ST_WARN("xport: dropped a frame from %s: it has not authenticated (%llu dropped so far, %llu such "
-                "lines left out)", p->name, (unsigned long long)x->stats.unauth_frames,
-                (unsigned long long)x->unauth_quiet);
-        x->unauth_quiet = 0;
-    }
+    unsigned long quiet;
+    if (st_log_limit_allow(&x->unauth_lim, st_now_s(), &quiet))
+        ST_WARN("xport: dropped a frame from %s: it has not authenticated (%llu dropped so far, %lu such "
+                "lines left out)", p->name, (unsigned long long)x->stats.unauth_frames, quiet);
     return rndv ? UCS_ERR_REJECTED : UCS_OK;
 }
 
@@ -397,11 +382,9 @@ static void auth_fail_note(xport_peer *p, const char *why)
     xport *x = p->x;
     p->auth = AUTH_FAILED;
     x->stats.auth_failures++;
-    if (log_allowed(&x->authfail_log_at, &x->authfail_quiet)) {
-        ST_WARN("xport: %s: authentication failed: %s (%llu such lines left out)", p->name, why,
-                (unsigned long long)x->authfail_quiet);
-        x->authfail_quiet = 0;
-    }
+    unsigned long quiet;
+    if (st_log_limit_allow(&x->authfail_lim, st_now_s(), &quiet))
+        ST_WARN("xport: %s: authentication failed: %s (%lu such lines left out)", p->name, why, quiet);
 }
 
 /* ... and disconnected. */
@@ -810,6 +793,8 @@ xport *xport_create(struct event_base *base, const char *listen_host, int listen
     }
     x->base = base;
     if (cb) x->cb = *cb;
+    x->unauth_lim = (st_log_limit)ST_LOG_LIMIT_INIT(1.0);
+    x->authfail_lim = (st_log_limit)ST_LOG_LIMIT_INIT(1.0);
 
     ucp_config_t *cfg = NULL;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg); /* UCX_* environment */
@@ -1136,7 +1121,8 @@ static bool auth_step(xport *x, xport_peer *p)
     if (p->auth == AUTH_OFF) {
         if (!p->inbound && type == AUTH_CHALLENGE) {
             x->stats.auth_failures++;
-            if (log_allowed(&x->authfail_log_at, &x->authfail_quiet))
+            unsigned long quiet;
+            if (st_log_limit_allow(&x->authfail_lim, st_now_s(), &quiet))
                 ST_ERROR("xport: %s requires data-plane authentication, and this process has no cluster key "
                          "(cluster_key_file / --cluster-key-file; docs/security.md)", p->name);
             peer_fail(p, "the peer requires the cluster key and none is configured");
