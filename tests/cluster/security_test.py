@@ -25,7 +25,10 @@ MODE
             --insecure it starts and warns; a key file readable by others is
             refused by the worker and by the coordinator; a short key too
 
-UCX_TLS=tcp unless set. Every process is stopped by its pid in a finally block.
+UCX_TLS=tcp and UCX_NET_DEVICES=lo unless set: every process is on 127.0.0.1,
+and UCX must not pick the address of an interface another test is creating
+and removing (a netns bridge), which made connections fail "Destination is
+unreachable". Every process is stopped by its pid in a finally block.
 """
 import argparse
 import os
@@ -258,6 +261,8 @@ def main():
     ap.add_argument("--rogue", required=True)
     ap.add_argument("--shared", required=True)
     args = ap.parse_args()
+    os.environ.setdefault("UCX_TLS", "tcp")
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
     {"rogue": mode_rogue, "paths": mode_paths, "exposure": mode_exposure}[args.mode](args)
     if FAILS:
         print("%d check(s) failed" % len(FAILS))
