@@ -28,6 +28,7 @@
 #define BATCH_KEEP 1024 /* micro-batch round trips kept for GET /v1/stages */
 #define RETRY_PAUSE_S 0.3 /* hold mode: no launches this long after a BatchError */
 #define MAX_BATCH_FAILURES 3 /* hold mode: failed batches in a row that end a sequence */
+#define ADMIT_HEADROOM_BLOCKS 4 /* free blocks kept per running sequence at admission (sched.h) */
 /* Hang detection (docs/recovery.md, "What is detected"): a micro-batch that
  * has not come back within its bound, max(HANG_FLOOR_S, HANG_MULT x the
  * expected round trip), makes the cluster look for a hung stage (find_hung);
@@ -631,7 +632,8 @@ static void all_ready(cluster *c) {
                        .prefill_chunk = c->cfg->prefill_chunk,
                        .max_batch_tokens = c->cfg->max_batch_tokens,
                        .n_ctx = c->n_ctx,
-                       .eos_id = -1}; /* end of generation is decided here (tok_is_eog, ignore_eos) */
+                       .eos_id = -1, /* end of generation is decided here (tok_is_eog, ignore_eos) */
+                       .headroom_blocks = ADMIT_HEADROOM_BLOCKS};
     c->inflight = calloc((size_t)c->max_inflight, sizeof *c->inflight);
     c->launched_ns = calloc((size_t)c->max_inflight, sizeof *c->launched_ns);
     c->launched_tokens = calloc((size_t)c->max_inflight, sizeof *c->launched_tokens);

@@ -113,6 +113,9 @@ sched *sched_create(const sched_config *cfg, block_manager *kv, st_err *err) {
         return (void)st_errf(err, "sched: max_inflight %d outside [n_stages=%d, 4096]",
                              c.max_inflight, c.n_stages),
                NULL;
+    if (c.headroom_blocks < 0 || c.headroom_blocks > 1024)
+        return (void)st_errf(err, "sched: headroom_blocks %d outside [0, 1024]", c.headroom_blocks),
+               NULL;
     if (c.max_queue < 1 || c.max_seqs < 1 || c.prefill_chunk < 1 || c.max_batch_tokens < 1 ||
         c.n_ctx < 2)
         return (void)st_errf(err,
@@ -246,6 +249,26 @@ static int ensure_hashes(sched *s, seq *q, int n) {
     return 0;
 }
 
+/* The running list stays in arrival order (sequence ids), so a resumed
+ * sequence keeps its place: the newest arrivals are preempted first, never
+ * the same old sequence again and again (vLLM's FCFS priority). */
+static void running_insert(sched *s, seq *q) {
+    seq *after = s->running.tail;
+    while (after && after->id > q->id) after = after->prev;
+    if (after == s->running.tail) {
+        list_push(&s->running, q);
+        return;
+    }
+    q->prev = after;
+    q->next = after ? after->next : s->running.head;
+    if (after)
+        after->next = q;
+    else
+        s->running.head = q;
+    q->next->prev = q;
+    s->running.n++;
+}
+
 /* Admits waiting sequences (sched.h: policy), mapping their cached prefix. */
 static void admit(sched *s) {
     while (s->waiting.head && s->running.n < s->cfg.max_seqs) {
@@ -266,7 +289,8 @@ static void admit(sched *s) {
             }
         }
         int32_t need = total - hits + hits_cached;
-        int32_t watermark = s->running.n > 0 ? s->watermark : 0;
+        int32_t watermark =
+            s->running.n > 0 ? s->watermark + s->running.n * s->cfg.headroom_blocks : 0;
         if (need + watermark > bm_n_free(s->kv)) break; /* FIFO: no overtaking */
         for (int32_t i = 0; i < hits; i++) bm_ref(s->kv, q->blocks[i]);
         for (int32_t i = hits; i < total; i++) q->blocks[i] = bm_alloc(s->kv);
@@ -277,7 +301,7 @@ static void admit(sched *s) {
         s->prefix_hit_tokens += (uint64_t)hits * (uint64_t)s->bs;
         waiting_remove(s, q);
         q->state = SCHED_PREFILL;
-        list_push(&s->running, q);
+        running_insert(s, q);
     }
 }
 
@@ -304,7 +328,8 @@ static int want_tokens(const sched *s, const seq *q) {
  * admission order, preempting the newest idle ones when the pool is out
  * (sched.h: policy). A sequence that cannot get them now is skipped by the
  * batch (its table stays short). */
-static void grow_tables(sched *s) {
+static bool grow_tables(sched *s) {
+    uint64_t preempted = s->preemptions;
     seq *q = s->running.head;
     while (q) {
         int n = q->in_flight ? 0 : want_tokens(s, q);
@@ -333,6 +358,7 @@ static void grow_tables(sched *s) {
         }
         q = self ? NULL : q->next;
     }
+    return s->preemptions != preempted;
 }
 
 /* Appends q's slice of n tokens to the slot's batch. -1 on out of memory or
@@ -367,8 +393,9 @@ static int add_slice(sched *s, slot *sl, seq *q, int n) {
 
 const sched_batch *sched_next_microbatch(sched *s) {
     if (s->n_inflight >= s->cfg.max_inflight) return NULL;
-    grow_tables(s); /* the running first, then the waiting (vLLM's order) */
-    admit(s);
+    /* The running first, then the waiting, and none of those in a step that
+     * had to preempt (vLLM's order): what was just freed is for the running. */
+    if (!grow_tables(s)) admit(s);
     DEBUG_VERIFY(s, "growth and admission");
     int idle = 0, active = 0;
     for (seq *q = s->running.head; q; q = q->next) {

@@ -327,6 +327,35 @@ static void test_queue_and_admission(void) {
     bm_free(kv);
 }
 
+/* headroom_blocks: admission keeps that many free blocks per running
+ * sequence; 0 admits while the prompts fit. */
+static void test_admission_headroom(void) {
+    for (int headroom = 0; headroom <= 4; headroom += 4) {
+        st_err e;
+        block_manager *kv = bm_new(16, 16, false, &e);
+        sched_config c = base_cfg(1);
+        c.headroom_blocks = headroom;
+        sched *s = sched_create(&c, kv, &e);
+        REQUIRE(s);
+        int32_t p[20];
+        prompt_of(p, 20, 4);
+        for (int i = 0; i < 8; i++) REQUIRE(sched_add(s, p, 20, 100, NULL, NULL, &e) == 0);
+        const sched_batch *b = sched_next_microbatch(s);
+        REQUIRE(b);
+        /* 2 blocks each: 8 fit with no headroom; with 4 per running sequence
+         * the 4th would need 2 + 3 x 4 = 14 of the 10 left. */
+        CHECK_EQ_INT(b->n_seqs, headroom ? 3 : 8);
+        sched_destroy(s);
+        bm_free(kv);
+    }
+    sched_config bad = base_cfg(1);
+    bad.headroom_blocks = -1;
+    st_err e;
+    block_manager *kv = bm_new(4, 16, false, &e);
+    CHECK(sched_create(&bad, kv, &e) == NULL);
+    bm_free(kv);
+}
+
 /* ---- a simulated pipeline: KV memory addressed through the block tables ----
  * Each slice writes its tokens into kvmem[block][slot] at its positions; a
  * sample reads positions [0, end) back through the block table and hashes
@@ -404,10 +433,12 @@ static void sim_run(sched *s, sim_out *out) {
 /* A pool far too small for the worst case: 6 sequences of 20 + 60 tokens
  * (5 blocks each, 30 in all) on 12 blocks. Every one completes, preemptions
  * happen, each output equals the sequence run alone, and every block comes
- * back. On 2 stages (2 batches in flight) and with prefix caching on and off. */
+ * back. On 2 stages (2 batches in flight), with prefix caching on and off,
+ * and with a headroom of 1 block per running sequence. */
 static void test_preemption(void) {
-    for (int caching = 0; caching < 2; caching++) {
-        for (int stages = 1; stages <= 2; stages++) {
+    for (int variant = 0; variant < 6; variant++) {
+        int caching = variant & 1, stages = 1 + ((variant >> 1) & 1), headroom = variant >= 4 ? 1 : 0;
+        {
             st_err e;
             sim_out alone = {0}, shared = {0};
             int32_t p[20];
@@ -436,6 +467,7 @@ static void test_preemption(void) {
             }
             block_manager *kv = bm_new(12, SIM_BS, caching, &e);
             sched_config c = base_cfg(stages);
+            c.headroom_blocks = headroom;
             sched *s = sched_create(&c, kv, &e);
             for (int i = 0; i < 6; i++) {
                 prompt_of(p, 20, i);
@@ -449,7 +481,7 @@ static void test_preemption(void) {
             }
             sched_stats st;
             sched_stats_get(s, &st);
-            CHECK(st.preemptions >= 3);
+            CHECK(st.preemptions >= (headroom ? 1 : 3));
             CHECK_EQ_INT(st.blocks_free, 12);
             CHECK_EQ_INT(st.blocks_used, 0);
             CHECK_EQ_INT(st.n_preempted_waiting, 0);
@@ -596,6 +628,7 @@ int main(void) {
     test_chunked_prefill();
     test_queue_and_admission();
     test_abort_and_errors();
+    test_admission_headroom();
     test_preemption();
     test_prefix_caching();
     return test_summary();
