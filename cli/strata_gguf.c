@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/version.h"
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/log.h"
@@ -35,6 +36,7 @@ static void usage(FILE *o) {
             "       strata-gguf quantize [--allow-requantize] IN OUT q8_0|q4_0\n"
             "                   quantizes the weight matrices as llama-quantize --pure does (row\n"
             "                   length a multiple of 32, else kept); norms stay as they are\n"
+            "       strata-gguf --version\n"
             "exit status: 0 ok, 1 bad or unreadable file, 2 bad command line\n");
 }
 
@@ -402,6 +404,10 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "quantize") == 0) return cmd_quantize(argc - 2, argv + 2);
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        st_version_print(stdout, "strata-gguf");
         return 0;
     }
     fprintf(stderr, "strata-gguf: unknown command '%s' (inspect, synth, quantize)\n", argv[1]);

@@ -24,6 +24,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "engine/generate.h"
 #include "model/gguf.h"
 #include "model/sampler.h"
@@ -53,13 +54,57 @@ typedef struct run_stream {
     bool stopped; /* a stop string matched */
 } run_stream;
 
+/* The --help text, laid out like llama-cli's: every flag with its spellings,
+ * what it does and its default. The OpenAI-style spellings (--max-tokens,
+ * --temperature) are accepted beside llama.cpp's (-n, --temp). */
 static void usage(FILE *f) {
+    sampler_params d = sampler_default_params();
     fprintf(f,
-            "usage: strata-run --model FILE --prompt TEXT [-n N] [--temp T] [--top-k K] [--top-p P]\n"
-            "                  [--min-p P] [--repeat-penalty R] [--presence-penalty X]\n"
-            "                  [--frequency-penalty X] [--seed S] [--threads N] [--tp N]\n"
-            "                  [--stop STR]... [--ignore-eos] [--json] [--top-logprobs K]\n"
-            "                  [--cache-type f16|f32] [--backend cpu|cuda]\n");
+            "usage: strata-run -m FILE -p PROMPT [options]\n"
+            "\n"
+            "Generates text from PROMPT with a GGUF model in this one process (no cluster).\n"
+            "\n"
+            "----- model and prompt -----\n"
+            "\n"
+            "-m,    --model FNAME                model path, GGUF (required)\n"
+            "-p,    --prompt PROMPT              prompt to start generation with (required)\n"
+            "-n,    --n-predict N, --max-tokens N\n"
+            "                                    number of tokens to predict (default: 128)\n"
+            "       --ignore-eos                 generate past the end-of-sequence token, up to -n\n"
+            "       --stop STRING                stop when STRING appears; not printed\n"
+            "                                    (repeatable, at most %d)\n"
+            "\n"
+            "----- sampling -----\n"
+            "\n"
+            "       --temp N, --temperature N    temperature; 0 = greedy (default: %.1f)\n"
+            "       --top-k N                    top-k sampling; 0 = off (default: %d)\n"
+            "       --top-p N                    top-p (nucleus) sampling; 1.0 = off (default: %.2f)\n"
+            "       --min-p N                    min-p sampling; 0.0 = off (default: %.2f)\n"
+            "       --repeat-penalty N           penalize repeated tokens; 1.0 = off (default: %.1f)\n"
+            "       --presence-penalty N         OpenAI presence penalty; 0.0 = off (default: %.1f)\n"
+            "       --frequency-penalty N        OpenAI frequency penalty; 0.0 = off (default: %.1f)\n"
+            "-s,    --seed SEED                  RNG seed (default: random; the same seed gives the same text)\n"
+            "\n"
+            "----- compute -----\n"
+            "\n"
+            "-t,    --threads N                  CPU threads per rank (default: all cores)\n"
+            "       --tp N                       tensor-parallel ranks (default: 1)\n"
+            "       --backend cpu|cuda           compute backend (default: cpu)\n"
+            "       --cache-type f16|f32         KV cache type (default: the model's activation type)\n"
+            "\n"
+            "----- output -----\n"
+            "\n"
+            "       --json                       one JSON object at the end: text, token ids, timings\n"
+            "       --top-logprobs N             with --json: the N most likely tokens at each step\n"
+            "                                    (default: 0, at most %d)\n"
+            "\n"
+            "-h,    --help                       print this help and exit\n"
+            "       --version                    print the version, git commit and build type and exit\n"
+            "\n"
+            "exit status: 0 ok, 1 the model could not be loaded or run, 2 a bad command line\n"
+            "example: strata-run -m stories260K.gguf -p \"Once upon a time\" --max-tokens 64 --temperature 0\n",
+            STOP_MAX_STRINGS, d.temperature, d.top_k, d.top_p, d.min_p, d.repeat_penalty, d.presence_penalty,
+            d.frequency_penalty, SAMPLER_MAX_TOP_LOGPROBS);
 }
 
 static int bad_flag(const char *fmt, const char *a, const char *b) {
@@ -92,10 +137,12 @@ static int parse_float(const char *flag, const char *s, float *out) {
 
 static int parse_args(int argc, char **argv, run_opts *o) {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED, O_THREADS, O_TP,
-           O_STOP, O_IGN, O_JSON, O_TOPLP, O_HELP, O_CACHE, O_BACKEND };
+           O_STOP, O_IGN, O_JSON, O_TOPLP, O_HELP, O_CACHE, O_BACKEND, O_VERSION };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'},   {"temp", required_argument, 0, O_TEMP},
+        {"max-tokens", required_argument, 0, 'n'},  {"temperature", required_argument, 0, O_TEMP},
+        {"version", no_argument, 0, O_VERSION},
         {"top-k", required_argument, 0, O_TOPK},    {"top-p", required_argument, 0, O_TOPP},
         {"min-p", required_argument, 0, O_MINP},    {"repeat-penalty", required_argument, 0, O_REP},
         {"presence-penalty", required_argument, 0, O_PRES},
@@ -113,13 +160,14 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     o->sp = sampler_default_params();
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, ":m:p:n:t:s:", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":m:p:n:t:s:h", longopts, NULL)) != -1) {
         int rc = 0, iv;
         switch (c) {
+        case 'h': usage(stdout); exit(0);
         case 'm': o->model = optarg; break;
         case 'p': o->prompt = optarg; break;
-        case 'n': rc = parse_int("-n", optarg, 1, 1 << 20, &o->n_predict); break;
-        case O_TEMP: rc = parse_float("--temp", optarg, &o->sp.temperature); break;
+        case 'n': rc = parse_int("-n/--max-tokens", optarg, 1, 1 << 20, &o->n_predict); break;
+        case O_TEMP: rc = parse_float("--temp/--temperature", optarg, &o->sp.temperature); break;
         case O_TOPK: rc = parse_int("--top-k", optarg, 0, 1 << 30, &iv); o->sp.top_k = iv; break;
         case O_TOPP: rc = parse_float("--top-p", optarg, &o->sp.top_p); break;
         case O_MINP: rc = parse_float("--min-p", optarg, &o->sp.min_p); break;
@@ -131,7 +179,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             char *end;
             errno = 0;
             unsigned long long v = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end) rc = bad_flag("%s: expected an unsigned integer, got '%s'", "--seed", optarg);
+            if (errno || end == optarg || *end || optarg[0] == '-')
+                rc = bad_flag("%s: expected an unsigned integer, got '%s'", "--seed", optarg);
             o->sp.seed = v;
             o->seed_set = true;
             break;
@@ -152,6 +201,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             else rc = bad_flag("--cache-type: expected f16 or f32, got '%s'%s", optarg, "");
             break;
         case O_HELP: usage(stdout); exit(0);
+        case O_VERSION: st_version_print(stdout, "strata-run"); exit(0);
         case O_BACKEND:
             if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "cuda") != 0)
                 rc = bad_flag("--backend: expected cpu or cuda, got '%s'%s", optarg, "");

@@ -4,8 +4,14 @@
  *
  *   stratactl [--addr HOST:PORT] [--json] [--timeout S] [--ca F --cert F --key F] COMMAND
  *     status | nodes | placement show | placement set --stages a:0-2,b:3-4
- *     placement auto [--dry-run] | drain NODE | undrain NODE
+ *     placement auto [--dry-run] | drain NODE [--wait] | undrain NODE
  *     generate PROMPT [--max-tokens N]
+ *   stratactl --version
+ *
+ * --addr HOST (no port) means HOST:7070, the coordinator's default gRPC port;
+ * IPv6 as [ADDR]:PORT or [ADDR]. JSON follows proto3's mapping: 64-bit
+ * integers (lease ids, epochs, byte counts) are strings, so that jq and
+ * JavaScript do not round them. Progress bars only when stderr is a terminal.
  *
  * Exit codes (docs/control-api.md): 0 ok; 1 the server answered an error
  * status (printed as "CODE: message"); 2 usage error; 3 the server is
@@ -25,11 +31,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
+#include "common/version.h"
 #include "proto/control.pb-c.h"
 #include "rpc/grpc_client.h"
 
 #define SVC "/strata.v1.Control/"
+#define DEFAULT_PORT 7070
 #define DEFAULT_ADDR "127.0.0.1:7070"
+#define DRAIN_WAIT_S 600.0 /* drain --wait without --timeout */
 
 enum { EXIT_OK = 0, EXIT_SERVER = 1, EXIT_USAGE = 2, EXIT_UNAVAILABLE = 3 };
 
@@ -41,13 +51,17 @@ static const char usage_text[] =
     "  placement show                        current (and pending) placement\n"
     "  placement set --stages N:A-B[,N:A-B]  explicit stages, layers inclusive\n"
     "  placement auto [--dry-run]            automatic placement\n"
-    "  drain NODE                            no new work on NODE; its stages move away\n"
+    "  drain NODE [--wait]                   no new work on NODE; its stages move away; --wait: until\n"
+    "                                        NODE holds no stage and no sequence (like kubectl drain)\n"
     "  undrain NODE                          a drained NODE is ready again (for the next placement change)\n"
     "  generate PROMPT [--max-tokens N]      stream generated text\n"
     "options:\n"
-    "  --addr HOST:PORT   coordinator control address (default $STRATACTL_ADDR or " DEFAULT_ADDR ")\n"
-    "  --json             JSON output (generate: one JSON object per chunk)\n"
-    "  --timeout S        deadline in seconds (default 10; generate: 600)\n"
+    "  --addr HOST[:PORT] coordinator gRPC control address, port 7070 when left out\n"
+    "                     (default $STRATACTL_ADDR or " DEFAULT_ADDR ")\n"
+    "  --json             JSON output (generate: one JSON object per chunk; 64-bit numbers as strings)\n"
+    "  --timeout S        deadline in seconds (default 10; generate: 600; drain --wait: the whole\n"
+    "                     wait, default 600)\n"
+    "  --version          print the version, git commit and build type\n"
     "  --ca FILE          cluster CA certificate: mutual TLS (default $STRATA_CA)\n"
     "  --cert FILE        operator certificate, CN operator:NAME (default $STRATA_CERT)\n"
     "  --key FILE         its private key (default $STRATA_KEY); docs/security.md\n"
@@ -59,8 +73,9 @@ typedef struct opts {
     int json;
     double timeout;
     const char *stages;
-    int dry_run;
+    int dry_run, wait;
     long max_tokens;
+    char addr_buf[300];    /* --addr with the default port added */
     const char *words[4];
     int n_words;
 } opts;
@@ -83,17 +98,20 @@ static json_t *field_value(const ProtobufCFieldDescriptor *f, const void *p) {
     case PROTOBUF_C_TYPE_SFIXED32: return json_integer(*(const int32_t *)p);
     case PROTOBUF_C_TYPE_UINT32:
     case PROTOBUF_C_TYPE_FIXED32: return json_integer(*(const uint32_t *)p);
+    /* 64-bit integers as decimal strings (proto3's JSON mapping): lease ids
+     * are random 64-bit numbers, and JSON numbers above 2^53 lose digits in
+     * jq and JavaScript. */
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
-    case PROTOBUF_C_TYPE_SFIXED64: return json_integer((json_int_t) * (const int64_t *)p);
+    case PROTOBUF_C_TYPE_SFIXED64: {
+        char buf[24];
+        snprintf(buf, sizeof buf, "%lld", (long long)*(const int64_t *)p);
+        return json_string(buf);
+    }
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64: {
-        /* JSON integers are signed 64-bit here; larger values (lease ids are
-         * random 64-bit) go out as a decimal string, as proto3's JSON mapping does. */
-        uint64_t v = *(const uint64_t *)p;
-        if (v <= (uint64_t)INT64_MAX) return json_integer((json_int_t)v);
         char buf[24];
-        snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+        snprintf(buf, sizeof buf, "%llu", (unsigned long long)*(const uint64_t *)p);
         return json_string(buf);
     }
     case PROTOBUF_C_TYPE_FLOAT: return json_real(*(const float *)p);
@@ -163,10 +181,27 @@ static void print_json(const ProtobufCMessage *m) {
 
 /* Set when the channel is TLS: a failed handshake shows as UNAVAILABLE. */
 static const char *unavailable_hint = "";
+static const char *ctl_addr = DEFAULT_ADDR; /* for the hints */
 
 static int status_exit(const char *what, const rpc_status *st) {
     fprintf(stderr, "stratactl: %s: %s: %s%s\n", what, rpc_code_name(st->code), st->msg,
             st->code == RPC_UNAVAILABLE ? unavailable_hint : "");
+    /* The usual mistakes: nothing listens there, or it is not a live
+     * coordinator's gRPC port (a static coordinator has no control API; the
+     * HTTP port speaks HTTP/1.1). */
+    if ((st->code == RPC_UNAVAILABLE || st->code == RPC_INTERNAL) &&
+        (strstr(st->msg, "HTTP/2") || strstr(st->msg, "http1")))
+        fprintf(stderr,
+                "stratactl: hint: %s answers, but not with gRPC: is it an HTTP port, such as the "
+                "coordinator's OpenAI API (8000)? The control API is the --grpc-listen address of a "
+                "coordinator started with --live (default port 7070).\n",
+                ctl_addr);
+    else if (st->code == RPC_UNAVAILABLE || st->code == RPC_UNIMPLEMENTED)
+        fprintf(stderr,
+                "stratactl: hint: is a coordinator running with --live and its gRPC control API on %s "
+                "(--grpc-listen, default port 7070)? A coordinator without --live (static cluster "
+                "config) has no control API.\n",
+                ctl_addr);
     if (st->code == RPC_UNAVAILABLE || st->code == RPC_DEADLINE_EXCEEDED) return EXIT_UNAVAILABLE;
     return EXIT_SERVER;
 }
@@ -198,6 +233,8 @@ static int unary(rpc_client *c, const opts *o, const char *name, const ProtobufC
 
 /* ------------------------------------------------------------------ formatting */
 
+/* The state words of /metrics' strata_worker_state (docs/metrics.md); a ready
+ * node that holds a stage of the serving placement is "serving". */
 static const char *state_name(Strata__V1__NodeState s) {
     switch (s) {
     case STRATA__V1__NODE_STATE__NODE_STATE_REGISTERED: return "registered";
@@ -283,12 +320,29 @@ static int cmd_status(rpc_client *c, const opts *o) {
     return EXIT_OK;
 }
 
+/* The serving placement (NULL: none, or the call failed; free it). */
+static Strata__V1__PlacementReply *get_placement(rpc_client *c, const opts *o) {
+    Strata__V1__GetPlacementRequest req = STRATA__V1__GET_PLACEMENT_REQUEST__INIT;
+    Strata__V1__PlacementReply *r = NULL;
+    if (unary(c, o, "GetPlacement", &req.base, &strata__v1__placement_reply__descriptor,
+              (ProtobufCMessage **)&r))
+        return NULL;
+    return r;
+}
+
+static bool in_placement(const Strata__V1__Placement *p, const char *node) {
+    for (size_t i = 0; p && i < p->n_stages; i++)
+        if (!strcmp(p->stages[i]->node, node)) return true;
+    return false;
+}
+
 static int cmd_nodes(rpc_client *c, const opts *o) {
     Strata__V1__ListNodesRequest req = STRATA__V1__LIST_NODES_REQUEST__INIT;
     Strata__V1__ListNodesReply *r = NULL;
     int rc = unary(c, o, "ListNodes", &req.base, &strata__v1__list_nodes_reply__descriptor,
                    (ProtobufCMessage **)&r);
     if (rc) return rc;
+    Strata__V1__PlacementReply *pl = o->json ? NULL : get_placement(c, o);
     if (o->json) {
         print_json(&r->base);
     } else {
@@ -307,12 +361,15 @@ static int cmd_nodes(rpc_client *c, const opts *o) {
             fmt_bytes(mem, sizeof mem, n->host_memory_bytes);
             snprintf(age, sizeof age, "%.1fs", n->heartbeat_age_s);
             snprintf(kv, sizeof kv, "%u/%u", n->kv_blocks_used, n->kv_blocks_free);
+            bool serving = n->state == STRATA__V1__NODE_STATE__NODE_STATE_READY && pl &&
+                           in_placement(pl->current, n->name);
             printf("%-16s %-10s %7s  %-22s %-10s %-21s %7u %-13s %4.0f%%\n", n->name,
-                   state_name(n->state), age, devs, mem,
+                   serving ? "serving" : state_name(n->state), age, devs, mem,
                    n->data_address[0] ? n->data_address : "-", n->running_sequences, kv,
                    n->busy_fraction * 100.0);
         }
     }
+    if (pl) protobuf_c_message_free_unpacked(&pl->base, NULL);
     protobuf_c_message_free_unpacked(&r->base, NULL);
     return EXIT_OK;
 }
@@ -323,6 +380,9 @@ static int cmd_nodes(rpc_client *c, const opts *o) {
  * (exit 0) or is dropped because it failed to load (exit 1). At most 10 min. */
 static int wait_loading(rpc_client *c, const opts *o, uint64_t epoch) {
     const int width = 30;
+    /* \r frames only on a terminal; else one line when it starts loading. */
+    const bool bar = !o->json && isatty(STDERR_FILENO);
+    if (!o->json && !bar) fprintf(stderr, "loading placement epoch %llu\n", (unsigned long long)epoch);
     uint64_t last_total = 0;
     for (int it = 0; it < 6000; it++) {
         Strata__V1__GetPlacementRequest req = STRATA__V1__GET_PLACEMENT_REQUEST__INIT;
@@ -333,14 +393,14 @@ static int wait_loading(rpc_client *c, const opts *o, uint64_t epoch) {
         if (!r->pending || r->pending->epoch != epoch) {
             uint64_t cur = r->current ? r->current->epoch : 0;
             protobuf_c_message_free_unpacked(&r->base, NULL);
-            if (cur == epoch && !o->json) { /* the final frame: everything loaded */
+            if (cur == epoch && bar) { /* the final frame: everything loaded */
                 char b[32];
                 fmt_bytes(b, sizeof b, last_total);
                 fprintf(stderr, "\rloading epoch %llu [", (unsigned long long)epoch);
                 for (int k = 0; k < width; k++) fputc('#', stderr);
                 fprintf(stderr, "] 100.0%% %s / %s", b, b);
             }
-            if (!o->json) fprintf(stderr, "\n");
+            if (bar) fprintf(stderr, "\n");
             if (cur == epoch) {
                 if (!o->json) fprintf(stderr, "placement epoch %llu is serving\n", (unsigned long long)epoch);
                 return EXIT_OK;
@@ -356,7 +416,7 @@ static int wait_loading(rpc_client *c, const opts *o, uint64_t epoch) {
         }
         last_total = total;
         protobuf_c_message_free_unpacked(&r->base, NULL);
-        if (!o->json) {
+        if (bar) {
             double f = total ? (double)done / (double)total : 0.0;
             int fill = (int)(f * width + 0.5);
             char a[32], b[32];
@@ -369,7 +429,8 @@ static int wait_loading(rpc_client *c, const opts *o, uint64_t epoch) {
         }
         usleep(100000);
     }
-    fprintf(stderr, "\nstratactl: placement epoch %llu still loading after 600 s\n", (unsigned long long)epoch);
+    fprintf(stderr, "%sstratactl: placement epoch %llu still loading after 600 s\n", bar ? "\n" : "",
+            (unsigned long long)epoch);
     return EXIT_UNAVAILABLE;
 }
 
@@ -455,6 +516,52 @@ static int cmd_placement(rpc_client *c, const opts *o) {
     return usage_error("unknown placement command \"%s\" (show, set, auto)", sub);
 }
 
+/* drain --wait: polls every 0.2 s until NODE holds no stage of the current
+ * placement, no placement change is loading, and its last heartbeat reports
+ * no running sequence; at most --timeout seconds (600): then exit 3. */
+static int wait_drained(rpc_client *c, const opts *o, const char *node) {
+    opts call = *o;
+    call.timeout = 10.0; /* per call; o->timeout bounds the whole wait */
+    double limit = o->timeout > 0 ? o->timeout : DRAIN_WAIT_S, t0 = st_now_s();
+    const bool tty = !o->json && isatty(STDERR_FILENO);
+    for (;;) {
+        Strata__V1__PlacementReply *pl = get_placement(c, &call);
+        if (!pl) return EXIT_UNAVAILABLE;
+        bool staged = in_placement(pl->current, node), pending = pl->pending != NULL;
+        protobuf_c_message_free_unpacked(&pl->base, NULL);
+        Strata__V1__ListNodesRequest req = STRATA__V1__LIST_NODES_REQUEST__INIT;
+        Strata__V1__ListNodesReply *r = NULL;
+        int rc = unary(c, &call, "ListNodes", &req.base, &strata__v1__list_nodes_reply__descriptor,
+                       (ProtobufCMessage **)&r);
+        if (rc) return rc;
+        uint32_t running = 0;
+        for (size_t i = 0; i < r->n_nodes; i++)
+            if (!strcmp(r->nodes[i]->name, node)) running = r->nodes[i]->running_sequences;
+        protobuf_c_message_free_unpacked(&r->base, NULL);
+        double t = st_now_s() - t0;
+        if (!staged && !pending && running == 0) {
+            if (tty) fprintf(stderr, "\n");
+            if (!o->json) printf("%s: drained (no stage, no sequence) after %.1f s\n", node, t);
+            return EXIT_OK;
+        }
+        if (tty) {
+            fprintf(stderr, "\rwaiting for %s: %s, %s, %u sequence(s) [%.0f s]   ", node,
+                    staged ? "holds a stage" : "no stage", pending ? "a placement is loading" : "nothing loading",
+                    running, t);
+            fflush(stderr);
+        }
+        if (t >= limit) {
+            if (tty) fprintf(stderr, "\n");
+            fprintf(stderr, "stratactl: drain --wait: %s still %s after %.0f s (--timeout)\n", node,
+                    staged ? "holds a stage" : pending ? "waits for a placement change to load"
+                                                       : "reports running sequences",
+                    limit);
+            return EXIT_UNAVAILABLE;
+        }
+        usleep(200000);
+    }
+}
+
 /* drain and undrain (method "Drain" / "Undrain"). */
 static int cmd_drain(rpc_client *c, const opts *o, const char *method) {
     Strata__V1__DrainRequest req = STRATA__V1__DRAIN_REQUEST__INIT;
@@ -468,7 +575,7 @@ static int cmd_drain(rpc_client *c, const opts *o, const char *method) {
         printf("%s: %s (placement epoch %llu)\n", r->node, state_name(r->state),
                (unsigned long long)r->placement_epoch);
     protobuf_c_message_free_unpacked(&r->base, NULL);
-    return EXIT_OK;
+    return o->wait && !strcmp(method, "Drain") ? wait_drained(c, o, o->words[1]) : EXIT_OK;
 }
 
 typedef struct gen_state {
@@ -523,6 +630,39 @@ static int cmd_generate(rpc_client *c, const opts *o) {
 
 /* ------------------------------------------------------------------ main */
 
+/* HOST -> HOST:7070, [V6] -> [V6]:7070, a bare IPv6 address -> [V6]:7070;
+ * a port must be 1..65535. 0, or the usage exit code (message printed). */
+static int normalize_addr(opts *o) {
+    const char *a = o->addr, *port = NULL;
+    if (a[0] == '[') {
+        const char *close = strchr(a, ']');
+        if (!close || close == a + 1) return usage_error("--addr \"%s\": an IPv6 address is [ADDR] or [ADDR]:PORT", a);
+        if (close[1] == ':') port = close + 2;
+        else if (close[1]) return usage_error("--addr \"%s\": an IPv6 address is [ADDR] or [ADDR]:PORT", a);
+    } else {
+        const char *colon = strchr(a, ':');
+        if (colon && strchr(colon + 1, ':')) { /* a bare IPv6 address: no port */
+            snprintf(o->addr_buf, sizeof o->addr_buf, "[%s]:%d", a, DEFAULT_PORT);
+            o->addr = o->addr_buf;
+            return 0;
+        }
+        if (colon == a) return usage_error("--addr \"%s\": no host", a);
+        if (colon) port = colon + 1;
+    }
+    if (port) {
+        char *end;
+        errno = 0;
+        long p = strtol(port, &end, 10);
+        if (!*port || *end || errno || p < 1 || p > 65535)
+            return usage_error("--addr \"%s\": the port must be a number in 1..65535", a);
+        return 0;
+    }
+    if (strlen(a) + 8 >= sizeof o->addr_buf) return usage_error("--addr \"%.64s...\": too long", a);
+    snprintf(o->addr_buf, sizeof o->addr_buf, "%s:%d", a, DEFAULT_PORT);
+    o->addr = o->addr_buf;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof *o);
     o->addr = getenv("STRATACTL_ADDR");
@@ -534,6 +674,8 @@ static int parse_args(int argc, char **argv, opts *o) {
             o->json = 1;
         } else if (!strcmp(a, "--dry-run")) {
             o->dry_run = 1;
+        } else if (!strcmp(a, "--wait")) {
+            o->wait = 1;
         } else if (!strcmp(a, "--addr") || !strcmp(a, "--timeout") || !strcmp(a, "--stages") ||
                    !strcmp(a, "--max-tokens") || !strcmp(a, "--ca") || !strcmp(a, "--cert") || !strcmp(a, "--key")) {
             if (!val) return usage_error("%s needs a value", a);
@@ -541,6 +683,7 @@ static int parse_args(int argc, char **argv, opts *o) {
             char *end;
             if (!strcmp(a, "--addr")) {
                 o->addr = val;
+                if (!*val) return usage_error("%s", "--addr is empty");
             } else if (!strcmp(a, "--ca")) {
                 o->tls.ca = val;
             } else if (!strcmp(a, "--cert")) {
@@ -583,7 +726,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (o->n_words > want_max) return usage_error("too many arguments for %s", cmd);
     if (!strcmp(cmd, "generate") && !o->words[1][0])
         return usage_error("%s", "generate needs a non-empty PROMPT");
-    return 0;
+    if (o->wait && strcmp(cmd, "drain")) return usage_error("%s", "--wait goes with drain only");
+    return normalize_addr(o);
 }
 
 int main(int argc, char **argv) {
@@ -592,10 +736,15 @@ int main(int argc, char **argv) {
             fputs(usage_text, stdout);
             return EXIT_OK;
         }
+        if (!strcmp(argv[i], "--version")) {
+            st_version_print(stdout, "stratactl");
+            return EXIT_OK;
+        }
     }
     opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
+    ctl_addr = o.addr;
     st_err err;
     int tls = rpc_tls_given(&o.tls, "--", &err);
     if (tls < 0) {

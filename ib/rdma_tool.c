@@ -1,11 +1,21 @@
 /* rdma_tool.c — strata-rdma-devices: prints the RDMA devices and the NCCL
  * environment derived from them, or "no RDMA device found". */
 #include <stdio.h>
+#include <string.h>
 
+#include "common/version.h"
 #include "ib/rdma.h"
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--version")) {
+        st_version_print(stdout, "strata-rdma-devices");
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "usage: strata-rdma-devices [--version]\n");
+        return strcmp(argv[1], "--help") && strcmp(argv[1], "-h") ? 2 : 0;
+    }
     rdma_device devs[16];
     st_err err;
     int n = rdma_list_devices(devs, 16, &err);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/version.h"
 #include "ib/topo.h"
 
 #define MAX_DEVS 32
@@ -21,7 +22,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: strata-topo [--nccl-env [--output FILE]]\n"
+            "usage: strata-topo [--nccl-env [--output FILE]] | --version\n"
             "  (none)         CPUs, NUMA nodes, GPUs, RDMA devices and the NCCL settings\n"
             "  --nccl-env     only the NCCL_IB_* settings, as KEY=VALUE lines\n"
             "  --output FILE  write them to FILE (atomically) instead of stdout\n");
@@ -46,6 +47,7 @@ int main(int argc, char **argv)
     static const struct option opts[] = {{"nccl-env", no_argument, 0, 'n'},
                                          {"output", required_argument, 0, 'o'},
                                          {"help", no_argument, 0, 'h'},
+                                         {"version", no_argument, 0, 'V'},
                                          {0, 0, 0, 0}};
     int nccl_env = 0;
     const char *output = NULL;
@@ -55,6 +57,7 @@ int main(int argc, char **argv)
         case 'n': nccl_env = 1; break;
         case 'o': output = optarg; break;
         case 'h': usage(stdout); return 0;
+        case 'V': st_version_print(stdout, "strata-topo"); return 0;
         default:
             fprintf(stderr, "strata-topo: error: unknown or incomplete option '%s' (see --help)\n", argv[optind - 1]);
             return 2;

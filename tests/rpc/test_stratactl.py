@@ -46,7 +46,7 @@ def main():
         if names:
             n0 = doc["nodes"][0]
             t.check(n0["state"] == "NODE_STATE_REGISTERED", "json state")
-            t.check(n0["devices"] == [{"kind": "cpu", "count": 1, "memory_bytes": 16 << 30}],
+            t.check(n0["devices"] == [{"kind": "cpu", "count": 1, "memory_bytes": str(16 << 30)}],
                     "json devices: %r" % n0["devices"])
             t.check(n0["data_address"] == "127.0.0.1:7100", "json data address")
 
@@ -58,7 +58,7 @@ def main():
         rc, out, err = run("--json", "placement", "show", addr=a)
         cur = json.loads(out)["current"] if rc == 0 else {}
         stages = [(s["node"], s["first_layer"], s["last_layer"]) for s in cur.get("stages", [])]
-        t.check(stages == [("node-b", 0, 3), ("node-a", 4, 4)] and cur.get("epoch") == 2,
+        t.check(stages == [("node-b", 0, 3), ("node-a", 4, 4)] and cur.get("epoch") == "2",
                 "json placement: %r" % stages)
 
         # Server errors: exit 1, the status code and the message on stderr.
@@ -69,7 +69,7 @@ def main():
         t.check(rc == 1 and "INVALID_ARGUMENT" in err and "covered twice" in err,
                 "overlap: %d %r" % (rc, err))
         rc, out, err = run("--json", "placement", "show", addr=a)
-        t.check(rc == 0 and json.loads(out)["current"]["epoch"] == 2,
+        t.check(rc == 0 and json.loads(out)["current"]["epoch"] == "2",
                 "placement unchanged after errors")
         rc, out, err = run("drain", "node-q", addr=a)
         t.check(rc == 1 and "NOT_FOUND" in err, "drain unknown: %d %r" % (rc, err))
