@@ -8,6 +8,7 @@ import datetime
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -260,8 +261,11 @@ class NetnsBridge:
     bridge) and is safe to call twice; use it in a finally."""
 
     def __init__(self):
-        tag = "%x" % (os.getpid() & 0xffff)
-        self.sub = os.getpid() % 200 + 20
+        self.sweep()
+        tag = "%x" % os.getpid()  # <= 6 hex digits: interface names stay within 15 bytes
+        addrs = subprocess.run(["ip", "-br", "addr"], capture_output=True, text=True, timeout=30).stdout
+        self.sub = next(s for s in [os.getpid() % 200 + 20 + k for k in range(200)]
+                        if "10.77.%d." % (s % 250) not in addrs) % 250
         self.br = "stbr%s" % tag
         self.tag = tag
         self.ns, self.host_ends, self.ns_ends = [], [], []
@@ -271,6 +275,31 @@ class NetnsBridge:
         self._made_br = True
         self._sh("ip", "addr", "add", self.host_ip + "/24", "dev", self.br)
         self._sh("ip", "link", "set", self.br, "up")
+
+    @staticmethod
+    def sweep():
+        """Removes what an earlier run left behind when it was killed before
+        its close() (a ctest timeout): namespaces strata-nK-PID and links
+        stbrPID / sthKPID whose process PID (hex) is gone."""
+        def gone(tag):
+            try:
+                os.kill(int(tag, 16), 0)
+                return False
+            except ProcessLookupError:
+                return True
+            except (PermissionError, ValueError):
+                return False
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+        for w in out.split():
+            m = re.match(r"strata-n\d+-([0-9a-f]+)$", w)
+            if m and gone(m.group(1)):
+                subprocess.run(["ip", "netns", "del", w], stderr=subprocess.DEVNULL, timeout=30)
+        out = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, timeout=30).stdout
+        for line in out.splitlines():
+            name = line.split()[0].split("@")[0] if line.split() else ""
+            m = re.match(r"(?:stbr|sth\d)([0-9a-f]+)$", name)
+            if m and gone(m.group(1)):
+                subprocess.run(["ip", "link", "del", name], stderr=subprocess.DEVNULL, timeout=30)
 
     @staticmethod
     def _sh(*cmd):
