@@ -83,6 +83,7 @@ struct rpc_server {
     grpc_completion_queue *cq;
     int port;
     bool tls;                 /* mutual TLS: calls without a client certificate are refused */
+    rpc_tls_watch *watch;     /* the TLS files, read again when they change */
     bool started;
     pthread_t thread;
     method_entry *methods;
@@ -546,18 +547,31 @@ static void *server_thread(void *arg) {
 
 /* ------------------------------------------------------------------ server */
 
-/* The server's credentials: plaintext, or mutual TLS with tls's files. */
-static grpc_server_credentials *server_creds(const rpc_tls *tls, st_err *err) {
+/* gRPC asks at every TLS handshake: new files, if they changed (rotation
+ * without a restart, docs/security.md). */
+static grpc_ssl_certificate_config_reload_status fetch_certs(void *ud, grpc_ssl_server_certificate_config **config) {
+    rpc_tls_pem pem;
+    if (rpc_tls_watch_poll(ud, &pem) != 1) return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = pem.key, .cert_chain = pem.cert};
+    *config = grpc_ssl_server_certificate_config_create(pem.ca, &pair, 1);
+    rpc_tls_pem_free(&pem);
+    return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
+}
+
+/* The server's credentials: plaintext, or mutual TLS with tls's files
+ * (checked here once so that a wrong file is a start-up error). */
+static grpc_server_credentials *server_creds(rpc_server *s, const rpc_tls *tls, st_err *err) {
     if (!tls) return grpc_insecure_server_credentials_create();
     rpc_tls_pem pem;
     if (rpc_tls_load(tls, &pem, err) != 0) return NULL;
-    grpc_ssl_pem_key_cert_pair pair = {.private_key = pem.key, .cert_chain = pem.cert};
+    rpc_tls_pem_free(&pem);
+    if (!(s->watch = rpc_tls_watch_new(tls))) return st_errf(err, "rpc: out of memory"), NULL;
     /* Request a certificate and verify it when given, but let the handshake
      * finish without one: the call then gets UNAUTHENTICATED from on_recv,
      * which tells the client what is missing. */
-    grpc_server_credentials *c = grpc_ssl_server_credentials_create_ex(
-        pem.ca, &pair, 1, GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY, NULL);
-    rpc_tls_pem_free(&pem);
+    grpc_ssl_server_credentials_options *o = grpc_ssl_server_credentials_create_options_using_config_fetcher(
+        GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY, fetch_certs, s->watch);
+    grpc_server_credentials *c = o ? grpc_ssl_server_credentials_create_with_options(o) : NULL;
     if (!c) st_errf(err, "rpc: gRPC refused the TLS credentials (%s, %s)", tls->cert, tls->key);
     return c;
 }
@@ -573,8 +587,9 @@ rpc_server *rpc_server_create(const char *addr, const rpc_tls *tls, st_err *err)
         return NULL;
     }
     grpc_init();
-    grpc_server_credentials *creds = server_creds(tls, err);
+    grpc_server_credentials *creds = server_creds(s, tls, err);
     if (!creds) {
+        rpc_tls_watch_free(s->watch);
         free(s);
         grpc_shutdown();
         return NULL;
@@ -666,6 +681,7 @@ void rpc_server_destroy(rpc_server *s) {
     }
     grpc_server_destroy(s->server);
     grpc_completion_queue_destroy(s->cq);
+    rpc_tls_watch_free(s->watch); /* after the server: its credentials call the fetcher */
     for (size_t i = 0; i < s->n_methods; i++) free(s->methods[i].name);
     free(s->methods);
     pthread_mutex_destroy(&s->mu);

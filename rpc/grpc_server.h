@@ -89,8 +89,10 @@ typedef struct rpc_method {
  * port 0 = ephemeral, see rpc_server_port). Nothing runs until
  * rpc_server_start. tls NULL: plaintext. tls given (all three files,
  * rpc_tls_load checks them): mutual TLS; clients must present a certificate
- * issued by tls->ca, and every call's rpc_call_peer names it. Fails when the
- * address cannot be bound or a TLS file is wrong. */
+ * issued by tls->ca, and every call's rpc_call_peer names it. The files are
+ * checked here (a wrong one fails the creation) and read again at a new
+ * connection when they changed (rpc_tls_watch_poll: rotation without a
+ * restart). Fails when the address cannot be bound or a TLS file is wrong. */
 rpc_server *rpc_server_create(const char *addr, const rpc_tls *tls, st_err *err);
 
 /* Registers a method (before rpc_server_start). Fails on a duplicate name or

@@ -3,6 +3,7 @@
 #include "rpc/grpc_tls.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -215,4 +216,95 @@ void rpc_tls_pem_free(rpc_tls_pem *p)
     }
     free(p->cert);
     memset(p, 0, sizeof *p);
+}
+
+/* ---------------------------------------------------------------- watch */
+
+typedef struct file_sig {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    bool ok; /* stat succeeded */
+} file_sig;
+
+struct rpc_tls_watch {
+    char *ca, *cert, *key;
+    pthread_mutex_t mu;
+    bool loaded;         /* a good load happened */
+    file_sig good[3];    /* at the last good load */
+    file_sig bad[3];     /* at the last failed load (warned once) */
+    bool have_bad;
+};
+
+static void sigs(const rpc_tls_watch *w, file_sig out[3])
+{
+    const char *p[3] = {w->ca, w->cert, w->key};
+    for (int i = 0; i < 3; i++) {
+        struct stat sb;
+        memset(&out[i], 0, sizeof out[i]);
+        if (stat(p[i], &sb) != 0) continue;
+        out[i] = (file_sig){sb.st_dev, sb.st_ino, sb.st_size, sb.st_mtim, true};
+    }
+}
+
+static bool same_sigs(const file_sig a[3], const file_sig b[3])
+{
+    for (int i = 0; i < 3; i++)
+        if (a[i].ok != b[i].ok || a[i].dev != b[i].dev || a[i].ino != b[i].ino || a[i].size != b[i].size ||
+            a[i].mtime.tv_sec != b[i].mtime.tv_sec || a[i].mtime.tv_nsec != b[i].mtime.tv_nsec)
+            return false;
+    return true;
+}
+
+rpc_tls_watch *rpc_tls_watch_new(const rpc_tls *t)
+{
+    rpc_tls_watch *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->ca = strdup(t->ca);
+    w->cert = strdup(t->cert);
+    w->key = strdup(t->key);
+    if (!w->ca || !w->cert || !w->key) {
+        rpc_tls_watch_free(w);
+        return NULL;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    return w;
+}
+
+void rpc_tls_watch_free(rpc_tls_watch *w)
+{
+    if (!w) return;
+    if (w->ca && w->cert && w->key) pthread_mutex_destroy(&w->mu);
+    free(w->ca);
+    free(w->cert);
+    free(w->key);
+    free(w);
+}
+
+int rpc_tls_watch_poll(rpc_tls_watch *w, rpc_tls_pem *out)
+{
+    file_sig now[3];
+    pthread_mutex_lock(&w->mu);
+    sigs(w, now);
+    int rc = 0;
+    if (w->loaded && same_sigs(now, w->good)) goto out;
+    if (w->have_bad && same_sigs(now, w->bad)) goto out; /* already warned about these files */
+    rpc_tls t = {w->ca, w->cert, w->key};
+    st_err err = {{0}};
+    if (rpc_tls_load(&t, out, &err) != 0) {
+        ST_WARN("tls: %s; %s", err.msg,
+                w->loaded ? "keeping the certificate loaded before" : "no certificate loaded yet");
+        memcpy(w->bad, now, sizeof w->bad);
+        w->have_bad = true;
+        goto out;
+    }
+    if (w->loaded) ST_INFO("tls: reloaded %s, %s and %s (new connections use them)", w->ca, w->cert, w->key);
+    memcpy(w->good, now, sizeof w->good);
+    w->loaded = true;
+    w->have_bad = false;
+    rc = 1;
+out:
+    pthread_mutex_unlock(&w->mu);
+    return rc;
 }

@@ -41,4 +41,20 @@ int rpc_tls_given(const rpc_tls *t, const char *flag_prefix, st_err *err);
 int rpc_tls_load(const rpc_tls *t, rpc_tls_pem *out, st_err *err);
 void rpc_tls_pem_free(rpc_tls_pem *p);
 
+/* Rotation without a restart (the gRPC server's certificate fetcher): a
+ * watch remembers each file's inode, size and modification time at its last
+ * good load. Thread-safe. */
+typedef struct rpc_tls_watch rpc_tls_watch;
+
+/* Copies the paths; nothing is read yet. NULL when out of memory. */
+rpc_tls_watch *rpc_tls_watch_new(const rpc_tls *t);
+void rpc_tls_watch_free(rpc_tls_watch *w);
+
+/* 1 with the files' contents in *out (rpc_tls_pem_free them) on the first
+ * call and whenever a file changed since the last good load and the new set
+ * passes rpc_tls_load (logged: "reloaded"); 0 when nothing changed, or when
+ * the changed files are wrong (a warning once per change; the previous ones
+ * stay in use). */
+int rpc_tls_watch_poll(rpc_tls_watch *w, rpc_tls_pem *out);
+
 #endif

@@ -23,7 +23,10 @@ MODE
             node's it fails, and dialling a name the coordinator's certificate
             lacks fails the host-name check; HTTP completions and Generate
             equal the stories260K reference; wrong TLS files stop the
-            coordinator and a worker at start with a message naming the file
+            coordinator and a worker at start with a message naming the file;
+            replacing the coordinator's certificate and the CA file (a bundle
+            with a second CA) takes effect for new connections without a
+            restart, the workers staying registered
   exposure  --grpc-listen 0.0.0.0:PORT without credentials: exit 1 and the
             documented message; with --insecure it starts and logs the
             warning; with the TLS files it starts without one
@@ -175,6 +178,18 @@ def complete(port, prompt, n):
 
 def mode_mtls(cl, args):
     rs = refs(args)
+    # scripts/strata-ca: files 0600, nothing overwritten, bad input refused
+    modes = {f: oct(os.stat(cl.pem(f)).st_mode & 0o777) for f in os.listdir(cl.ca_dir) if f.endswith((".pem", ".key"))}
+    check(len(modes) == 12 and set(modes.values()) == {"0o600"}, "strata-ca: 12 files, all mode 0600: %s" % sorted(set(modes.values())))
+    for argv, words in ((["node", "w-a"], "exists"), (["node", "a b"], "use 1-63 letters"),
+                        (["coordinator"], "needs --san"), (["coordinator", "--san", "IP:1.2.3.4;rm"], "want DNS:NAME")):
+        p = subprocess.run(["bash", args.strata_ca, "--dir", cl.ca_dir] + argv, capture_output=True, text=True,
+                           timeout=60)
+        check(p.returncode == 2 and words in p.stderr, "strata-ca %s: exit 2, %r" % (" ".join(argv), p.stderr.strip()))
+    p = subprocess.run(["openssl", "x509", "-in", cl.pem("node-w-a.pem"), "-noout", "-subject", "-ext",
+                        "extendedKeyUsage"], capture_output=True, text=True, timeout=60)
+    check("CN = node:w-a" in p.stdout and "Client Authentication" in p.stdout,
+          "strata-ca node w-a: CN node:w-a, clientAuth")
     ini = "grpc_ca = %s\ngrpc_cert = %s\ngrpc_key = %s\n" % (cl.pem("ca.pem"), cl.pem("coordinator.pem"),
                                                             cl.pem("coordinator.key"))
     cl.coord = cl.start_coordinator(ini)
@@ -321,6 +336,55 @@ def mode_mtls(cl, args):
         capture_output=True, text=True, timeout=60, env=cl.env)
     check(c2.returncode == 1 and "does not belong to certificate" in c2.stderr and "node-evil.key" in c2.stderr,
           "a coordinator whose key is not its certificate's: exit 1, %r" % c2.stderr.strip()[-200:])
+
+
+    rotate(cl, args, op)
+
+
+def replace_file(dst, data):
+    """Writes dst atomically (a new file renamed over it), as docs/security.md says."""
+    tmp = dst + ".new"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, dst)
+
+
+def rotate(cl, args, op):
+    """Rotation without a restart: a new coordinator certificate (another key,
+    one more SAN) and a CA bundle (ours + the other CA) replace the files; new
+    connections use them, the workers stay registered."""
+    rot = os.path.join(cl.tmp, "rot")
+    os.makedirs(rot)
+    for f in ("ca.pem", "ca.key"):
+        shutil.copy(cl.pem(f), rot)
+    subprocess.run(["bash", args.strata_ca, "--dir", rot, "coordinator", "--san", "IP:127.0.0.1,DNS:coordinator.example"],
+                   check=True, capture_output=True, timeout=60)
+    leases = {n.name: n.lease_id for n in op.ListNodes(pb.ListNodesRequest(), timeout=5).nodes}
+    replace_file(cl.pem("ca.pem"), cl.read("ca.pem") + cl.read("ca.pem", cl.other))
+    replace_file(cl.pem("coordinator.key"), cl.read("coordinator.key", rot))
+    replace_file(cl.pem("coordinator.pem"), cl.read("coordinator.pem", rot))
+
+    def status_via(name):
+        stub, ch = cl.channel("operator-alice", options=[("grpc.ssl_target_name_override", name)])
+        try:
+            return stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+        finally:
+            ch.close()
+    st = wait_for(lambda: status_via("coordinator.example"), 30, 0.2)
+    check(st is not None and st.serving,
+          "after replacing the files: a new connection gets the new certificate (SAN coordinator.example), no restart")
+    mallory, _ = cl.channel("operator-mallory", where=cl.other)
+    n = wait_for(lambda: len(mallory.ListNodes(pb.ListNodesRequest(), timeout=5).nodes), 30, 0.2)
+    check(n == 2, "with the CA bundle, an operator certificate of the second CA is accepted (CA rotation)")
+    time.sleep(1.0)
+    after = {n.name: (n.lease_id, n.state) for n in op.ListNodes(pb.ListNodesRequest(), timeout=5).nodes}
+    check(all(after.get(k, (0, 0)) == (v, pb.NODE_STATE_READY) for k, v in leases.items()),
+          "the workers stay registered (same leases, ready) across the rotation")
+    with open(os.path.join(cl.tmp, "coordinator.log")) as f:
+        check("reloaded" in f.read(), "the coordinator logs the reload")
+    st, ids = complete(cl.http_port, refs(args)[0]["prompt"], 16)
+    check(st == 200 and ids == refs(args)[0]["completion_tokens"][:16], "serving after the rotation")
 
 
 def mode_exposure(cl, args):
