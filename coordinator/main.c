@@ -17,6 +17,7 @@
  * The HTTP API needs an API key (--api-key-file, STRATA_API_KEY) to listen
  * on a non-loopback address, unless --insecure (common/exposure.h,
  * docs/security.md); without one it exits with status 1 before starting.
+ * SIGHUP re-reads the keys.
  *
  * main() reads as a table of contents: parse_opts, then run, which loads the
  * config and the model, starts the engine (the cluster, or the live control
@@ -416,10 +417,15 @@ static int start_engine(struct event_base *base, const coord_opts *o, coord_conf
 /* The HTTP API's keys (--api-key-file, else [cluster] api_key_file, and
  * STRATA_API_KEY), then exposure.h's rule for its listen address. NULL after
  * a message on stderr. */
+static const char *key_file(const coord_opts *o, const coord_config *cfg) {
+    return o->api_key_file ? o->api_key_file : cfg->api_key_file;
+}
+static int per_key_limit(const coord_opts *o, const coord_config *cfg) {
+    return o->max_requests_per_key >= 0 ? (int)o->max_requests_per_key : cfg->max_requests_per_key;
+}
+
 static http_keys *load_http_keys(const coord_opts *o, const coord_config *cfg, st_err *err) {
-    const char *file = o->api_key_file ? o->api_key_file : cfg->api_key_file;
-    int per_key = o->max_requests_per_key >= 0 ? (int)o->max_requests_per_key : cfg->max_requests_per_key;
-    http_keys *keys = http_keys_load(file, getenv("STRATA_API_KEY"), per_key, err);
+    http_keys *keys = http_keys_load(key_file(o, cfg), getenv("STRATA_API_KEY"), per_key_limit(o, cfg), err);
     if (!keys) {
         fprintf(stderr, "strata-coordinator: %s\n", err->msg);
         return NULL;
@@ -432,6 +438,36 @@ static http_keys *load_http_keys(const coord_opts *o, const coord_config *cfg, s
         return NULL;
     }
     return keys;
+}
+
+/* SIGHUP re-reads the HTTP API's keys (docs/security.md, "Rotating a key");
+ * a file that does not load leaves the current keys in place. */
+typedef struct key_reload {
+    const coord_opts *o;
+    const coord_config *cfg;
+    http_api *api;
+    http_keys **keys;
+} key_reload;
+
+static void on_sighup(evutil_socket_t sig, short what, void *arg) {
+    (void)sig, (void)what;
+    key_reload *r = arg;
+    const char *file = key_file(r->o, r->cfg);
+    if (!file && http_keys_count(*r->keys) == 0) {
+        ST_INFO("coordinator: SIGHUP: no API keys are configured; nothing to reload");
+        return;
+    }
+    st_err err = {{0}};
+    http_keys *k = http_keys_load(file, getenv("STRATA_API_KEY"), per_key_limit(r->o, r->cfg), &err);
+    if (!k) {
+        ST_ERROR("coordinator: SIGHUP: keeping the current API keys: %s", err.msg);
+        return;
+    }
+    http_api_set_keys(r->api, k);
+    http_keys_free(*r->keys); /* freed once its last request ends */
+    *r->keys = k;
+    ST_INFO("coordinator: SIGHUP: %d API keys loaded%s%s", http_keys_count(k), file ? " from " : "",
+            file ? file : "");
 }
 
 /* Everything after the command line; returns the exit status. */
@@ -460,6 +496,7 @@ static int run(const coord_opts *o) {
     lifecycle *life = NULL;
     http_api *api = NULL;
     http_keys *keys = NULL;
+    struct event *sighup = NULL;
     coord_engine_owner own = {0};
     coord_model m = {0};
     struct run_state rs = {0};
@@ -514,9 +551,15 @@ static int run(const coord_opts *o) {
         fprintf(stderr, "strata-coordinator: %s\n", err.msg);
         goto out;
     }
+    key_reload kr = {o, &cfg, api, &keys};
+    if (!(sighup = evsignal_new(base, SIGHUP, on_sighup, &kr)) || event_add(sighup, NULL) != 0) {
+        fprintf(stderr, "strata-coordinator: cannot handle SIGHUP\n");
+        goto out;
+    }
     event_base_dispatch(base);
     rc = rs.failed ? 1 : 0;
 out:
+    if (sighup) event_free(sighup);
     lifecycle_free(life);
     http_api_destroy(api);
     http_keys_free(keys);

@@ -844,4 +844,5 @@ void http_api_destroy(http_api *api) {
 }
 
 int http_api_port(const http_api *api) { return api->port; }
+void http_api_set_keys(http_api *api, http_keys *keys) { api->keys = keys; }
 int http_api_active(const http_api *api) { return api->n_active; }

@@ -75,6 +75,9 @@ http_api *http_api_create(struct event_base *base, const http_api_config *cfg,
 /* Cancels every request in progress, closes the socket and frees. */
 void http_api_destroy(http_api *api);
 int http_api_port(const http_api *api);
+/* Serves new requests with keys (http_auth.h) from now on; requests in
+ * progress keep theirs. The caller keeps ownership of both tables. */
+void http_api_set_keys(http_api *api, http_keys *keys);
 /* Completions in progress (submitted to the engine, not yet finished). */
 int http_api_active(const http_api *api);
 

@@ -16,6 +16,7 @@
 #define LINE_MAX_LEN 1024
 
 struct http_key {
+    http_keys *table;
     char name[NAME_MAX_LEN + 1];
     unsigned char digest[32]; /* SHA-256 of the key: what is compared */
     int in_flight;
@@ -25,6 +26,8 @@ struct http_key {
 struct http_keys {
     http_key *keys;
     int n, cap;
+    int refs;     /* keys acquired and not released yet */
+    bool retired; /* http_keys_free was called: freed at the last release */
 };
 
 static int digest(const char *s, size_t n, unsigned char out[32]) {
@@ -49,6 +52,12 @@ static bool valid_name(const char *s, size_t n) {
 
 /* Adds one key; -1 + err on a duplicate or out of memory. where names the
  * source for messages. */
+static void keys_destroy(http_keys *k) {
+    if (k->keys) OPENSSL_cleanse(k->keys, (size_t)k->cap * sizeof *k->keys);
+    free(k->keys);
+    free(k);
+}
+
 static int add_key(http_keys *k, const char *name, const char *key, int max_in_flight,
                    const char *where, st_err *err) {
     unsigned char d[32];
@@ -148,14 +157,14 @@ http_keys *http_keys_load(const char *path, const char *env_key, int max_in_flig
             return NULL;
         }
     }
+    for (int i = 0; i < k->n; i++) k->keys[i].table = k; /* the array is final now */
     return k;
 }
 
 void http_keys_free(http_keys *k) {
     if (!k) return;
-    if (k->keys) OPENSSL_cleanse(k->keys, (size_t)k->cap * sizeof *k->keys);
-    free(k->keys);
-    free(k);
+    k->retired = true;
+    if (k->refs == 0) keys_destroy(k);
 }
 
 int http_keys_count(const http_keys *k) { return k ? k->n : 0; }
@@ -188,11 +197,15 @@ const char *http_key_name(const http_key *key) { return key ? key->name : "-"; }
 bool http_key_acquire(http_key *key) {
     if (key->max_in_flight > 0 && key->in_flight >= key->max_in_flight) return false;
     key->in_flight++;
+    key->table->refs++;
     return true;
 }
 
 void http_key_release(http_key *key) {
-    if (key && key->in_flight > 0) key->in_flight--;
+    if (!key || key->in_flight <= 0) return;
+    key->in_flight--;
+    http_keys *k = key->table;
+    if (--k->refs == 0 && k->retired) keys_destroy(k);
 }
 
 int http_key_in_flight(const http_key *key) { return key->in_flight; }

@@ -15,6 +15,11 @@
  * Per-key limits: each key may have at most max_in_flight requests queued
  * or running at once (0 = no limit); http_key_acquire refuses the next one,
  * and the HTTP layer answers 429 with Retry-After.
+ *
+ * Reloading (SIGHUP): a new table replaces the old one, which stays valid
+ * until the last key acquired from it is released. Counts start at 0 in the
+ * new table, so for as long as old requests run, a key may briefly have up
+ * to twice its limit.
  */
 #ifndef STRATA_COORDINATOR_API_HTTP_AUTH_H
 #define STRATA_COORDINATOR_API_HTTP_AUTH_H
@@ -31,6 +36,8 @@ typedef struct http_key http_key;
  * and line), a duplicate key or name, or a file that holds no key. With
  * neither source it returns an empty table (http_keys_count 0: no auth). */
 http_keys *http_keys_load(const char *path, const char *env_key, int max_in_flight, st_err *err);
+/* Drops the owner's hold: freed now, or at the last http_key_release of a
+ * key acquired from it. */
 void http_keys_free(http_keys *k);
 int http_keys_count(const http_keys *k);
 

@@ -15,7 +15,9 @@ MODE
            reference tokens; with a 0.4 s idle deadline, a stream whose stage 1
            worker is SIGSTOPped for 1 s mid-stream ends with [DONE] and all
            its tokens; an idle keep-alive connection is closed after the idle
-           deadline
+           deadline; SIGHUP after a key is replaced in the file: the old key
+           gets 401, the new one the reference tokens; a file that does not
+           load leaves the keys in place
   tls      the same cluster over HTTPS (a CA and a server certificate made with
            openssl in a temp dir): the key gets the reference tokens, streamed
            and not; no key -> 401; a TLS 1.2-only client works; plain HTTP to
@@ -58,6 +60,7 @@ import cluster_test as ct  # noqa: E402  (Cluster)
 from harness import FAILS, check, free_port, sse_events, wait_for  # noqa: E402
 
 KEY_A, KEY_B, KEY_ENV = "sk-alice-5f2b7c1d9e", "sk-bob-0a8c3e6f4d", "sk-env-77d1c0ffee"
+KEY_C = "sk-carol-9e9e1a2b3c"
 
 
 def auth(key):
@@ -271,8 +274,9 @@ def mode_auth(args):
     refs = load_ref(args)
     tmp = tempfile.mkdtemp(prefix="strata-sec-")
     os.environ["STRATA_API_KEY"] = KEY_ENV
+    keys_path = write_keys(tmp)
     cl = KeyedCluster(args, [{"tp": 1}, {"tp": 1}],
-                      coord_args=["--api-key-file", write_keys(tmp), "--max-requests-per-key", "2",
+                      coord_args=["--api-key-file", keys_path, "--max-requests-per-key", "2",
                                   "--header-timeout", "5", "--body-timeout", "5", "--idle-timeout", "0.4"])
     try:
         cl.start()
@@ -355,6 +359,23 @@ def mode_auth(args):
         n_open = wait_for(lambda: metric(port, "strata_http_connections_open") == 1, 10)
         check(n_open, "every connection's record is gone: strata_http_connections_open = %s (the scrape's own)"
               % metric(port, "strata_http_connections_open"))
+
+        # Rotation: bob's key is replaced by carol's in the file, SIGHUP.
+        with open(keys_path, "w") as f:
+            f.write("alice:%s\ncarol:%s\n" % (KEY_A, KEY_C))
+        cl.coordinator.send_signal(signal.SIGHUP)
+        check(wait_for(lambda: "SIGHUP: 3 API keys loaded" in open(cl.co_log).read(), 10),
+              "SIGHUP: the coordinator logs the reload (3 keys: alice, carol, env)")
+        check_401(port, auth(KEY_B), "bob's key after it was removed and SIGHUP")
+        check_reference(port, refs[5], KEY_C, "carol's new key after SIGHUP")
+        check_reference(port, refs[6], KEY_A, "alice's unchanged key after SIGHUP")
+        # A file that does not load leaves the keys as they were.
+        with open(keys_path, "w") as f:
+            f.write("carol:short\n")
+        cl.coordinator.send_signal(signal.SIGHUP)
+        check(wait_for(lambda: "SIGHUP: keeping the current API keys" in open(cl.co_log).read(), 10),
+              "SIGHUP with a bad file: the error is logged")
+        check_reference(port, refs[7], KEY_C, "carol's key still works after a failed reload")
         ct.finish(cl)
     finally:
         if FAILS:

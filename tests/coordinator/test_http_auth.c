@@ -82,12 +82,32 @@ int main(void) {
     CHECK(http_key_acquire(other)); /* another key is not affected */
     http_key_release(key);
     CHECK(http_key_acquire(key));
+    for (int i = 0; i < 2; i++) http_key_release(key); /* every acquire is released, as calls do */
+    http_key_release(other);
+    CHECK_EQ_INT(http_key_in_flight(key), 0);
     http_keys_free(k);
+
+    /* A reload retires a table: it stays valid while a key acquired from it
+     * is held, and is freed at its release (ASan checks both). */
+    k = http_keys_load(path, NULL, 2, &e);
+    REQUIRE(k && http_keys_check(k, "Bearer sk-alice-123456", &key) == HTTP_AUTH_OK);
+    CHECK(http_key_acquire(key));
+    http_keys *k2 = http_keys_load(path, NULL, 2, &e);
+    REQUIRE(k2);
+    http_keys_free(k); /* retired, one key held */
+    CHECK_EQ_STR(http_key_name(key), "alice");
+    CHECK_EQ_INT(http_key_in_flight(key), 1);
+    REQUIRE(http_keys_check(k2, "Bearer sk-alice-123456", &other) == HTTP_AUTH_OK);
+    CHECK(other != key);
+    CHECK_EQ_INT(http_key_in_flight(other), 0); /* the new table counts afresh */
+    http_key_release(key);                      /* frees the old table */
+    http_keys_free(k2);
 
     /* 0 = no limit. */
     k = http_keys_load(NULL, "sk-from-env-555", 0, &e);
     REQUIRE(k && http_keys_check(k, "Bearer sk-from-env-555", &key) == HTTP_AUTH_OK);
     for (int i = 0; i < 1000; i++) CHECK(http_key_acquire(key));
+    for (int i = 0; i < 1000; i++) http_key_release(key);
     http_keys_free(k);
 
     /* No source: no keys (authentication off). */
