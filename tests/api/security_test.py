@@ -20,7 +20,9 @@ MODE
            load leaves the keys in place
   tls      the same cluster over HTTPS (a CA and a server certificate made with
            openssl in a temp dir): the key gets the reference tokens, streamed
-           and not; no key -> 401; a TLS 1.2-only client works; plain HTTP to
+           and not; no key -> 401; a TLS 1.2-only client works, TLS 1.1 gets
+           the server's protocol_version alert; a connection that never starts
+           its handshake is closed at the header deadline; plain HTTP to
            the TLS port gets no HTTP answer and the server keeps serving; a
            missing certificate file stops the start with status 1
   conn     a coordinator whose worker is absent (the HTTP server runs; 503 for
@@ -417,7 +419,8 @@ def mode_tls(args):
           "a missing certificate file: exit status %s, named in the message" % rc)
 
     cl = KeyedCluster(args, [{"tp": 1}, {"tp": 1}],
-                      coord_args=["--api-key-file", write_keys(tmp), "--tls-cert", cert, "--tls-key", key])
+                      coord_args=["--api-key-file", write_keys(tmp), "--tls-cert", cert, "--tls-key", key,
+                                  "--header-timeout", "2"])
     cl.tls = ssl.create_default_context(cafile=ca)
     try:
         cl.start()
@@ -433,6 +436,18 @@ def mode_tls(args):
         t12.maximum_version = ssl.TLSVersion.TLSv1_2
         st, _, _ = request(port, "GET", "/health", tls=t12)
         check(st == 200, "a TLS 1.2-only client is served (%d)" % st)
+        # TLS 1.1 (offered by a client that allows it) gets the server's protocol_version alert.
+        r = subprocess.run(["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, "-tls1_1", "-cipher",
+                            "DEFAULT@SECLEVEL=0"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=30)
+        check(r.returncode != 0 and "alert protocol version" in r.stdout + r.stderr,
+              "a TLS 1.1 handshake is refused by the server (alert protocol version)")
+        # A TCP connection that never starts its handshake is closed at the header deadline.
+        idle = socket.create_connection(("127.0.0.1", port), timeout=10)
+        dt = closed_within(idle, 8)
+        idle.close()
+        check(dt is not None and 1.5 < dt < 6, "a connection without a TLS handshake closed after %s s "
+              "(2 s header deadline)" % dt)
         # Plain HTTP to the TLS port: no HTTP answer, the connection ends.
         p = socket.create_connection(("127.0.0.1", port), timeout=10)
         p.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
