@@ -124,6 +124,9 @@ static void send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsReque
     s.bad_frames = xs.bad_frames;
     s.dropped_frames = w->front->dropped_frames;
     s.fenced_frames = w->front->fenced_frames;
+    s.unauth_frames = xs.unauth_frames;
+    s.auth_failures = xs.auth_failures;
+    s.refused_assigns = w->front->refused_assigns;
     s.hops = w->front->hops;
     s.hop_seconds = w->front->hop_seconds;
     s.batch_errors = w->front->batch_errors;

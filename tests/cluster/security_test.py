@@ -130,6 +130,15 @@ def mode_rogue(args):
         check("ready ok=0" in out and "stale" in out, "a StageAssign of an older epoch is refused")
         for name, p in cl.procs:
             check(p.poll() is None, "%s still running" % name)
+        # The counters (StageStats), asked with the key as the coordinator.
+        import re
+        for addr, want_unauth, want_fail, want_refused in ((w0, 3, 1, 0), (w1, 3, 0, 3)):
+            out = rogue(args, addr, ["stats"], key=key, expect=1, wait=20)
+            m = re.search(r"stats unauth_frames=(\d+) auth_failures=(\d+) refused_assigns=(\d+) loaded=1", out)
+            got = tuple(int(x) for x in m.groups()) if m else None
+            check(got is not None and got[0] >= want_unauth and got[1] >= want_fail and got[2] == want_refused,
+                  "%s counts the refusals (unauth_frames >= %d, auth_failures >= %d, refused_assigns = %d): %s"
+                  % (addr, want_unauth, want_fail, want_refused, got))
         check(ref_tokens(cl, refs) == want, "the same reference tokens afterwards")
         st, _ = cl.get("/health")
         check(st == 200, "/health is 200")

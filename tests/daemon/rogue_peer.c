@@ -13,7 +13,10 @@
  *              [--last L] [--kv-blocks K] [--next-hop H:P] [--expect N] ACTION...
  * ACTION: assign:MODEL_PATH (a StageAssign with the flags' fields; --sign:
  * with the token of --key), garbage (a frame header of random bytes),
- * activations (one decode step of token 1 at epoch E for stage S).
+ * activations (one decode step of token 1 at epoch E for stage S), stats (a
+ * StatsRequest; the StageStats security counters are printed as
+ * "stats unauth_frames=N auth_failures=N refused_assigns=N loaded=0|1",
+ * counted by --expect like a StageReady).
  * Without --key the transport has no key; with one it does the handshake
  * as --role. Exits 0 after --wait seconds (default 3) or once N StageReady
  * came back (--expect N), 2 on bad usage.
@@ -82,6 +85,13 @@ static void act(xport_peer *p, const char *a)
         m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN;
         m.assign = &s;
         send_control(p, &m);
+    } else if (!strcmp(a, "stats")) {
+        Strata__V1__StatsRequest r = STRATA__V1__STATS_REQUEST__INIT;
+        r.request_id = 42;
+        Strata__V1__ControlMessage m = STRATA__V1__CONTROL_MESSAGE__INIT;
+        m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST;
+        m.stats_request = &r;
+        send_control(p, &m);
     } else if (!strcmp(a, "garbage")) {
         uint8_t junk[64];
         for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 37 + 11);
@@ -137,6 +147,11 @@ static void on_frame(xport_peer *p, const frame_header *h, const void *payload, 
         if (m && m->msg_case == STRATA__V1__CONTROL_MESSAGE__MSG_READY) {
             printf("ready ok=%d epoch=%llu stage=%u error=%s\n", m->ready->ok, (unsigned long long)m->ready->epoch,
                    m->ready->stage, m->ready->error ? m->ready->error : "");
+            if (++g.n_ready == g.expect) event_base_loopbreak(g.base);
+        } else if (m && m->msg_case == STRATA__V1__CONTROL_MESSAGE__MSG_STATS) {
+            printf("stats unauth_frames=%llu auth_failures=%llu refused_assigns=%llu loaded=%d\n",
+                   (unsigned long long)m->stats->unauth_frames, (unsigned long long)m->stats->auth_failures,
+                   (unsigned long long)m->stats->refused_assigns, m->stats->loaded);
             if (++g.n_ready == g.expect) event_base_loopbreak(g.base);
         } else {
             printf("control %d\n", m ? (int)m->msg_case : -1);
