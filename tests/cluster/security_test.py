@@ -4,7 +4,7 @@ plane (UCX)" and "Model files"): real strata-coordinator and strata-worker
 processes on 127.0.0.1 and tests/daemon/rogue_peer, a peer that speaks the
 frame format over the real UCX transport.
 
-  security_test.py MODE --coordinator BIN --worker BIN --rogue BIN --shared DIR
+  security_test.py MODE --coordinator BIN --worker BIN --rogue BIN --gguf BIN --shared DIR
 
 MODE
   rogue     PP 2 with a cluster key file: the reference tokens of two
@@ -20,6 +20,11 @@ MODE
             `..`, FIFO, symlinked, directory and missing model paths are each
             refused with a clear StageReady error; after the FIFO a valid
             assignment loads; SIGTERM stops the worker within 5 s
+  cancel    a slow load (a 0.5 GiB synthetic model, strata-gguf synth) is
+            cancelled: a new valid assignment during it gets StageReady{ok}
+            sooner than the slow load would take, and the slow one never
+            answers; SIGTERM during another slow load stops the worker within
+            2 s
   exposure  start-up rules: a non-loopback data-plane listen without a key
             refuses to start (exit 1, message naming --insecure), with
             --insecure it starts and warns; a key file readable by others is
@@ -32,6 +37,7 @@ unreachable". Every process is stopped by its pid in a finally block.
 """
 import argparse
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -221,6 +227,68 @@ def mode_paths(args):
             print(read(log)[-4000:])
 
 
+def mode_cancel(args):
+    tmp = tempfile.mkdtemp(prefix="strata-cancel-")
+    mdir = os.path.join(tmp, "models")
+    os.makedirs(mdir)
+    with open(os.path.join(args.shared, "models", "stories260K.gguf"), "rb") as f, \
+            open(os.path.join(mdir, "stories260K.gguf"), "wb") as g:
+        g.write(f.read())
+    r = subprocess.run([args.gguf, "synth", "--out", os.path.join(mdir, "big.gguf"), "--n-embd", "1024",
+                        "--n-layer", "12", "--n-head", "16", "--n-head-kv", "4", "--n-ff", "2816",
+                        "--n-vocab", "512", "--dtype", "f32", "--vocab-from", "none"],
+                       capture_output=True, text=True, timeout=120)
+    check(r.returncode == 0, "a 0.5 GiB synthetic model" + ("" if r.returncode == 0 else r.stderr[-300:]))
+    big = ["--n-stages", "1", "--first", "0", "--last", "12", "--kv-blocks", "16"]
+    env = dict(os.environ)
+    # How long the big load takes alone.
+    p, port, log, ok = start_worker(args, tmp, "w0", ["--model-dir", mdir])
+    try:
+        check(ok, "the worker starts")
+        addr = "127.0.0.1:%d" % port
+        t0 = time.monotonic()
+        out = rogue(args, addr, ["assign:big.gguf"], expect=1, wait=120, n_stages=1, first=0, last=12, kv_blocks=16)
+        t_big = time.monotonic() - t0
+        check("ready ok=1" in out, "the big model loads alone in %.1f s" % t_big)
+        # A slow load, then a new valid assignment 0.5 s into it (epoch 2).
+        slow = subprocess.Popen([args.rogue, addr, "--wait", "%.0f" % (t_big + 10), "--expect", "1", "--epoch", "2"]
+                                + big + ["assign:big.gguf"], stdout=subprocess.PIPE, text=True, env=env)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        out = rogue(args, addr, ["assign:stories260K.gguf"], expect=1, wait=60, epoch=3, n_stages=1, first=0,
+                    last=5, kv_blocks=16)
+        t_new = time.monotonic() - t0
+        check("ready ok=1 epoch=3" in out and t_new < t_big,
+              "the new assignment during the slow load is ready in %.1f s (the slow load alone: %.1f s)"
+              % (t_new, t_big))
+        slow_out, _ = slow.communicate(timeout=t_big + 30)
+        print("  slow rogue -> %s" % slow_out.strip().replace("\n", " | "))
+        check("ready" not in slow_out, "the cancelled load never answers")
+        check("cancelling the load of epoch 2" in read(log) and "load cancelled" in read(log),
+              "the worker logs the cancelled load")
+        # SIGTERM during a slow load.
+        slow = subprocess.Popen([args.rogue, addr, "--wait", "%.0f" % (t_big + 10), "--expect", "1", "--epoch", "4"]
+                                + big + ["assign:big.gguf"], stdout=subprocess.PIPE, text=True, env=env)
+        wait_for(lambda: read(log).count("loading big.gguf") >= 3, 10)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        dt = time.monotonic() - t0
+        check(rc == 0 and dt < min(2.0, t_big / 2), "SIGTERM during a slow load: exit %s in %.1f s (the load "
+              "alone: %.1f s)" % (rc, dt, t_big))
+        slow.kill()
+        slow.wait(10)
+    finally:
+        stop(p)
+        if FAILS:
+            print(read(log)[-4000:])
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def mode_exposure(args):
     tmp = tempfile.mkdtemp(prefix="strata-exp-")
     key = write_key(os.path.join(tmp, "cluster.key"), KEY)
@@ -268,11 +336,12 @@ def main():
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--rogue", required=True)
+    ap.add_argument("--gguf", help="strata-gguf (cancel)")
     ap.add_argument("--shared", required=True)
     args = ap.parse_args()
     os.environ.setdefault("UCX_TLS", "tcp")
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
-    {"rogue": mode_rogue, "paths": mode_paths, "exposure": mode_exposure}[args.mode](args)
+    {"rogue": mode_rogue, "paths": mode_paths, "cancel": mode_cancel, "exposure": mode_exposure}[args.mode](args)
     if FAILS:
         print("%d check(s) failed" % len(FAILS))
         return 1
