@@ -355,6 +355,12 @@ static int run(const struct worker_cli *o)
         event_base_free(base);
         return 1;
     }
+    if (o->coordinator && reg_check_tls(o->grpc_ca, o->grpc_cert, o->grpc_key, &err) != 0) {
+        fprintf(stderr, "strata-worker: error: %s\n", err.msg);
+        cluster_key_free(key);
+        event_base_free(base);
+        return 1;
+    }
     worker_opts wo = {.listen_host = o->host, .listen_port = o->port, .name = o->name, .n_threads = o->threads,
                       .models = (const char *const *)o->models, .n_models = o->n_models, .key = key,
                       .model_dir = o->model_dir};

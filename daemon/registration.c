@@ -308,6 +308,16 @@ static void *reg_main(void *arg)
 
 /* ---------------------------------------------------------------- lifetime */
 
+int reg_check_tls(const char *ca, const char *cert, const char *key, st_err *err)
+{
+    rpc_tls tls = {ca, cert, key};
+    int given = rpc_tls_given(&tls, "--grpc-", err);
+    rpc_tls_pem pem;
+    if (given < 0 || (given == 1 && rpc_tls_load(&tls, &pem, err) != 0)) return -1;
+    if (given == 1) rpc_tls_pem_free(&pem);
+    return 0;
+}
+
 static void reg_free(reg_client *r)
 {
     if (!r) return;
@@ -337,15 +347,11 @@ reg_client *reg_start(const reg_opts *o, st_err *err)
     r->paths = calloc((size_t)(o->n_models + 1), sizeof *r->paths);
     r->models = calloc((size_t)(o->n_models + 1), sizeof *r->models);
     if (!r->coordinator || !r->node || !r->data_address || !r->paths || !r->models) goto oom;
-    rpc_tls tls = {o->ca, o->cert, o->key};
-    int tls_given = rpc_tls_given(&tls, "--grpc-", err);
-    rpc_tls_pem pem;
-    if (tls_given < 0 || (tls_given == 1 && rpc_tls_load(&tls, &pem, err) != 0)) {
+    if (reg_check_tls(o->ca, o->cert, o->key, err) != 0) {
         reg_free(r);
         return NULL;
     }
-    if (tls_given == 1) {
-        rpc_tls_pem_free(&pem);
+    if (o->ca && *o->ca) {
         if (!(r->ca = strdup(o->ca)) || !(r->cert = strdup(o->cert)) || !(r->key = strdup(o->key))) goto oom;
     }
     for (int i = 0; i < o->n_models; i++) {

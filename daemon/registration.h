@@ -52,6 +52,11 @@ typedef struct reg_load {
     uint64_t bytes_sent;
 } reg_load;
 
+/* Checks the mutual-TLS files of reg_opts (all three or none; rpc_tls_load's
+ * checks): 0 when they are usable or absent, -1 with the reason in err. The
+ * worker calls it before it listens, so that a wrong file stops it at once. */
+int reg_check_tls(const char *ca, const char *cert, const char *key, st_err *err);
+
 /* Hashes nothing yet: checks the TLS files (rpc_tls_load) and starts the
  * thread (which hashes, then registers). NULL + err on a bad TLS file. */
 reg_client *reg_start(const reg_opts *o, st_err *err);
