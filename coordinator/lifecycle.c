@@ -44,7 +44,8 @@ static void send_status(lifecycle *l) {
     }
     coord_engine_stats st = {0};
     if (e->ops->stats) e->ops->stats(e->impl, &st);
-    st_notify_status("serving: %d stage(s), %d running, %d queued", st.n_stages, st.running, st.queue_depth);
+    st_notify_status("serving epoch %llu, %d stage(s): %d running, %d queued", (unsigned long long)st.epoch,
+                     st.n_stages, st.running, st.queue_depth);
 }
 
 static void on_status(evutil_socket_t fd, short what, void *arg) { send_status(arg); }

@@ -16,7 +16,7 @@
  *
  * systemd (common/notify.h): READY=1 once the HTTP API listens and the
  * engine runs (readiness to serve is /readyz, not READY=1); a STATUS= line
- * every second ("serving: 2 stages, 3 running, 0 queued", "not serving:
+ * every second ("serving epoch 3, 2 stage(s): 3 running, 0 queued", "not serving:
  * recovering from: stage 1 at … was lost", "draining: 4 request(s) in
  * flight, 12 s left"); WATCHDOG=1 from the loop when WatchdogSec= is set.
  */

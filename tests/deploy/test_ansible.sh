@@ -13,7 +13,16 @@
 #     roles installed (made by scripts/strata-ca; docs/security.md), then
 #     rolling_restart.yml against them:
 #     each worker drained and restarted one at a time while a client keeps
-#     generating; the cluster serves at the end with layers on both workers.
+#     generating; the cluster serves at the end with layers on both workers;
+#     then site.yml with a changed setting: by default the changed workers are
+#     rolled the same way (drained and restarted one at a time), no request
+#     fails;
+#  6. ownership, with the owner set (nobody:nogroup): system directories
+#     (/usr/local/bin root:staff 2775, /etc/systemd/system) keep their owner,
+#     group and mode, Strata's own get theirs; two worker instances on one
+#     host (strata_worker_instances): the template unit, one env file each;
+#  7. --check --diff on a new host (strata_manage_system=true, a user and group
+#     that do not exist, no apt, no systemctl): it passes and creates nothing.
 set -euo pipefail
 src=$1 shared=$2 worker=$3 coord=$4 topo=$5 ctl=$6
 here=$(cd "$(dirname "$0")" && pwd)
@@ -217,6 +226,116 @@ ctl_in placement show
 check "layers on both workers again" bash -c "ctl_out=\$('$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port --ca '$ca/ca.pem' --cert '$ca/operator-ansible.pem' --key '$ca/operator-ansible.key' --json placement show); echo \"\$ctl_out\" | grep -q '\"w1\"' && echo \"\$ctl_out\" | grep -q '\"w2\"'"
 check "both workers ready" test "$(ctl_in --json nodes | grep -c '"NODE_STATE_READY"')" -eq 2
 check "generate after the roll" bash -c "'$c/usr/local/bin/stratactl' --addr 127.0.0.1:$grpc_port --ca '$ca/ca.pem' --cert '$ca/operator-ansible.pem' --key '$ca/operator-ansible.key' generate 'Once upon a time' --max-tokens 8 | grep -q ."
+
+# site.yml with a changed setting while the cluster serves: the default upgrade
+# (strata_upgrade_strategy=rolling) drains and restarts the changed workers
+# one at a time; the client sees no failure.
+pids_before="$(cat "$tmp/root/w1/run/strata-worker.pid") $(cat "$tmp/root/w2/run/strata-worker.pid")"
+rm -f "$tmp/stop-load" "$tmp/load.result"
+( ok=0; bad=0
+  while [ ! -e "$tmp/stop-load" ]; do
+    if ctl_in generate "Once upon a time" --max-tokens 16 > "$tmp/gen.out" 2> "$tmp/gen.err"; then ok=$((ok+1));
+    else bad=$((bad+1)); cp "$tmp/gen.err" "$tmp/gen.err.up$bad"; fi
+  done
+  echo "$ok $bad" > "$tmp/load.result" ) &
+load_pid=$!
+rc=0
+play site.yml -e "strata_stratactl=$c/usr/local/bin/stratactl" -e "strata_ctl_tls_dir=$c/etc/strata/tls" \
+  -e strata_log_level=info -e strata_wait_delay=1 \
+  -e "strata_worker_restart_command='$here/local_service.sh restart $tmp/root/{{ inventory_hostname }} strata-worker'" \
+  > "$tmp/upgrade.log" 2>&1 || rc=$?
+touch "$tmp/stop-load"; wait "$load_pid" || true; load_pid=
+[ "$rc" -eq 0 ] || cat "$tmp/upgrade.log"
+check "site.yml upgrade run succeeded" test "$rc" -eq 0
+check "site.yml upgrade: the changed workers drained in turn (w1, then w2)" \
+  test "$(grep -oE '^TASK \[Drain w[12]\]' "$tmp/upgrade.log" | tr '\n' ' ')" = "TASK [Drain w1] TASK [Drain w2] "
+pids_after="$(cat "$tmp/root/w1/run/strata-worker.pid") $(cat "$tmp/root/w2/run/strata-worker.pid")"
+for i in 1 2; do
+  check "site.yml upgrade: w$i restarted (new pid)" test "$(echo $pids_before | cut -d' ' -f$i)" != "$(echo $pids_after | cut -d' ' -f$i)"
+done
+read -r n_ok n_bad < "$tmp/load.result"
+echo "generate requests during the upgrade: $n_ok completed, $n_bad failed"
+check "site.yml upgrade: requests completed, none failed" test "$n_ok" -gt 0 -a "$n_bad" -eq 0
+play site.yml -e "strata_stratactl=$c/usr/local/bin/stratactl" -e "strata_ctl_tls_dir=$c/etc/strata/tls" \
+  -e strata_log_level=info \
+  -e "strata_worker_restart_command='$here/local_service.sh restart $tmp/root/{{ inventory_hostname }} strata-worker'" \
+  > "$tmp/upgrade2.log" 2>&1 || true
+check "site.yml with nothing changed restarts nothing" bash -c "! grep -qE 'TASK \[Drain w[12]\]' '$tmp/upgrade2.log' && grep -qE '^w1 .*changed=0 .*failed=0' '$tmp/upgrade2.log'"
+
+# 6. Ownership and instances (a separate root; the owner is set to nobody:nogroup).
+o=$tmp/own
+mkdir -p "$o/usr/local/bin" "$o/etc/systemd/system"
+chown 0:50 "$o/usr/local/bin" "$o/etc/systemd/system" 2> /dev/null && chmod 2775 "$o/usr/local/bin" && owned=1 || owned=0
+before_bin=$(stat -c '%u:%g %a' "$o/usr/local/bin"); before_unit=$(stat -c '%u:%g %a' "$o/etc/systemd/system")
+cat > "$tmp/inv-own.ini" <<INV
+[strata_coordinator]
+own ansible_host=127.0.0.1
+
+[strata_workers]
+own
+
+[all:vars]
+ansible_connection=local
+ansible_python_interpreter=/usr/bin/python3
+strata_install_method=copy
+strata_local_build_dir=$build
+strata_model_src=$shared/models/stories260K.gguf
+strata_insecure=true
+INV
+own_play() {
+  ( cd "$src/ansible" && ansible-playbook -i "$tmp/inv-own.ini" -e strata_manage_system=false -e "strata_root=$o" \
+      -e strata_set_owner=true -e strata_user=nobody -e strata_group=nogroup \
+      -e '{"strata_worker_instances": [{"name": "gpu0", "port": 7101, "env": {"CUDA_VISIBLE_DEVICES": "0"}}, {"name": "gpu1", "port": 7102, "args": "--threads 2"}]}' \
+      "$@" site.yml )
+}
+own_play > "$tmp/own.log" 2>&1 || { cat "$tmp/own.log"; echo "FAIL: site.yml (ownership)"; fail=1; }
+check "ownership run: no host failed" grep -qE '^own .*failed=0' "$tmp/own.log"
+if [ "$owned" -eq 1 ]; then
+  check "/usr/local/bin keeps its owner, group and mode ($before_bin)" test "$(stat -c '%u:%g %a' "$o/usr/local/bin")" = "$before_bin"
+  check "/etc/systemd/system keeps its owner, group and mode ($before_unit)" test "$(stat -c '%u:%g %a' "$o/etc/systemd/system")" = "$before_unit"
+else
+  echo "skip: cannot chown here (not root): system directory ownership not checked"
+fi
+ng=$(getent group nogroup | cut -d: -f3); nb=$(id -u nobody)
+check "/etc/strata root:nogroup 0750" test "$(stat -c '%u:%g %a' "$o/etc/strata")" = "0:$ng 750"
+check "/var/lib/strata nobody:nogroup 0750" test "$(stat -c '%u:%g %a' "$o/var/lib/strata")" = "$nb:$ng 750"
+check "the model nobody:nogroup" test "$(stat -c '%u:%g' "$o/var/lib/strata/models/stories260K.gguf")" = "$nb:$ng"
+check "strata-worker.env root:nogroup 0640" test "$(stat -c '%u:%g %a' "$o/etc/strata/strata-worker.env")" = "0:$ng 640"
+check "instances: the template unit, no strata-worker.service" \
+  bash -c "cmp -s '$src/systemd/strata-worker@.service' '$o/etc/systemd/system/strata-worker@.service' && test ! -e '$o/etc/systemd/system/strata-worker.service'"
+check "instance gpu0: port 7101, node own-gpu0, CUDA_VISIBLE_DEVICES" bash -c \
+  "grep -qx 'STRATA_WORKER_LISTEN=127.0.0.1:7101' '$o/etc/strata/strata-worker@gpu0.env' && grep -qx 'STRATA_NODE_NAME=own-gpu0' '$o/etc/strata/strata-worker@gpu0.env' && grep -qx 'CUDA_VISIBLE_DEVICES=0' '$o/etc/strata/strata-worker@gpu0.env'"
+check "instance gpu1: port 7102, its args" bash -c \
+  "grep -qx 'STRATA_WORKER_LISTEN=127.0.0.1:7102' '$o/etc/strata/strata-worker@gpu1.env' && grep -qx 'STRATA_WORKER_ARGS=--threads 2' '$o/etc/strata/strata-worker@gpu1.env'"
+own_play > "$tmp/own2.log" 2>&1 || true
+check "ownership run 2: changed=0" grep -qE '^own .*changed=0 .*failed=0' "$tmp/own2.log"
+
+# 7. --check --diff on a new host: system management on, with a user and group
+# that do not exist (no apt, no systemctl). It must pass and create nothing.
+nu=strata-t$$
+cat > "$tmp/inv-new.ini" <<INV
+[strata_coordinator]
+new ansible_host=127.0.0.1
+
+[strata_workers]
+new
+
+[all:vars]
+ansible_connection=local
+ansible_python_interpreter=/usr/bin/python3
+strata_install_method=copy
+strata_local_build_dir=$build
+strata_model_src=$shared/models/stories260K.gguf
+strata_insecure=true
+INV
+( cd "$src/ansible" && ansible-playbook -i "$tmp/inv-new.ini" --check --diff -e strata_manage_system=true \
+    -e strata_install_packages=false -e strata_manage_services=false -e "strata_root=$tmp/new" \
+    -e "strata_user=$nu" -e "strata_group=$nu" site.yml ) > "$tmp/new.log" 2>&1 || true
+grep -A2 '^PLAY RECAP' "$tmp/new.log" || tail -30 "$tmp/new.log"
+check "--check --diff on a new host: no failure (no chgrp on a missing group)" grep -qE '^new .*failed=0' "$tmp/new.log"
+check "--check --diff reports the user and group it would create" bash -c "grep -A1 'Create the strata group' '$tmp/new.log' | grep -q 'changed: \[new\]'"
+check "--check created no group, no user, no root" bash -c "! getent group $nu && ! getent passwd $nu && test ! -e '$tmp/new'"
+grep -q 'failed=[1-9]' "$tmp/new.log" && grep -B5 -A15 'fatal:' "$tmp/new.log" | head -60
 
 [ "$fail" -eq 0 ] && echo "test_ansible: all checks passed"
 exit "$fail"
