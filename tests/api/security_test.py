@@ -59,7 +59,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 import cluster_test as ct  # noqa: E402  (Cluster)
-from harness import FAILS, check, free_port, sse_events, wait_for  # noqa: E402
+from harness import FAILS, check, free_port, wait_for  # noqa: E402
 
 KEY_A, KEY_B, KEY_ENV = "sk-alice-5f2b7c1d9e", "sk-bob-0a8c3e6f4d", "sk-env-77d1c0ffee"
 KEY_C = "sk-carol-9e9e1a2b3c"
@@ -195,6 +195,12 @@ class Lone:
                 rc = self.p.wait()
             if not check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc):
                 self.dump()
+
+    def close(self):
+        """stop(), then its folder goes unless a check failed."""
+        self.stop()
+        if not FAILS:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def closed_within(s, seconds):
@@ -384,6 +390,9 @@ def mode_auth(args):
             cl.dump_logs()
         cl.kill()
         os.environ.pop("STRATA_API_KEY", None)
+        if not FAILS:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(cl.tmp, ignore_errors=True)
 
 
 def make_certs(tmp):
@@ -417,6 +426,7 @@ def mode_tls(args):
     bad.stop()
     check(rc == 1 and "missing.pem" in bad.log_text() + open(os.path.join(bad.tmp, "coordinator.out")).read(),
           "a missing certificate file: exit status %s, named in the message" % rc)
+    bad.close()
 
     cl = KeyedCluster(args, [{"tp": 1}, {"tp": 1}],
                       coord_args=["--api-key-file", write_keys(tmp), "--tls-cert", cert, "--tls-key", key,
@@ -474,6 +484,9 @@ def mode_tls(args):
         if FAILS:
             cl.dump_logs()
         cl.kill()
+        if not FAILS:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(cl.tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- conn
@@ -542,7 +555,7 @@ def conn_deadlines(args):
         check(log.count("did not send") <= 3, "the deadline closures are logged at most once per 10 s "
               "(%d lines)" % log.count("did not send"))
     finally:
-        co.stop()
+        co.close()
 
 
 def conn_cap(args):
@@ -569,7 +582,7 @@ def conn_cap(args):
         check(metric(co.port, "strata_http_connections_open") == 1,
               "strata_http_connections_open = 1 (the scrape's own connection)")
     finally:
-        co.stop()
+        co.close()
 
 
 def raw_exchange(port, data, timeout=10):
@@ -621,7 +634,7 @@ def conn_framing(args):
         check(out.startswith(b"HTTP/1.1 503"), "two equal Content-Length values pass the framing check "
               "(503: no worker) %s" % out[:40])
     finally:
-        co.stop()
+        co.close()
 
 
 def conn_protect(args):
@@ -636,7 +649,8 @@ def conn_protect(args):
         st, _, _ = request(co.port, "GET", "/health", headers=auth(KEY_A))
         check(st == 503, "--protect-metrics: /health with a key -> %d (no worker)" % st)
     finally:
-        co.stop()
+        co.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def conn_exposure(args):
@@ -648,9 +662,9 @@ def conn_exposure(args):
     except subprocess.TimeoutExpired:
         rc = None
     co.stop()
-    check(rc == 1 and msg in co.log_text() + open(os.path.join(co.tmp, "coordinator.out")).read()
-          + "".join(open(co.log).readlines()),
+    check(rc == 1 and msg in co.log_text() + open(os.path.join(co.tmp, "coordinator.out")).read(),
           "0.0.0.0 without a key: exit status %s and '%s...'" % (rc, msg))
+    co.close()
     for what, extra, env, warn in (("--insecure", ["--insecure"], {}, True),
                                    ("STRATA_API_KEY", [], {"STRATA_API_KEY": KEY_ENV}, False)):
         co = Lone(args, extra, listen_host="0.0.0.0", env=env)
@@ -661,7 +675,7 @@ def conn_exposure(args):
             check(st == 503 and (("without credentials (--insecure)" in log) == warn),
                   "0.0.0.0 with %s starts (health %d), warning logged: %s" % (what, st, warn))
         finally:
-            co.stop()
+            co.close()
 
 
 def mode_conn(args):
@@ -709,7 +723,7 @@ def mode_emfile(args):
     finally:
         for s in socks:
             s.close()
-        co.stop()
+        co.close()
 
 
 def main():
