@@ -160,19 +160,17 @@ void metrics_registry_set_collector(metrics_registry *r, metrics_collect_fn fn, 
 
 int metrics_registry_add_collector(metrics_registry *r, metrics_collect_fn fn, void *ud,
                                    st_err *err) {
-    int rc = st_errf(err, "metrics: more than %d collectors", METRICS_MAX_COLLECTORS - 1);
+    bool added = false;
     pthread_mutex_lock(&r->mu);
-    for (int i = 1; i < METRICS_MAX_COLLECTORS; i++) {
+    for (int i = 1; i < METRICS_MAX_COLLECTORS && !added; i++) {
         if (!r->collect[i]) {
             r->collect[i] = fn;
             r->collect_ud[i] = ud;
-            rc = 0;
-            break;
+            added = true;
         }
     }
     pthread_mutex_unlock(&r->mu);
-    if (rc == 0 && err) err->msg[0] = '\0';
-    return rc;
+    return added ? 0 : st_errf(err, "metrics: more than %d collectors", METRICS_MAX_COLLECTORS - 1);
 }
 
 /* Splits "a, b" into f->labels; returns 0 or -1 with err. */
