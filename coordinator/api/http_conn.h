@@ -62,7 +62,8 @@ void http_conns_request_read(http_conns *hc, struct evhttp_request *req);
  * access log use these in place of evhttp_connection_set_closecb and
  * evhttp_request_set_on_complete_cb (one user each, as with evhttp; cb NULL
  * removes it). On a connection this module does not follow they are
- * evhttp's own. */
+ * evhttp's own. Nothing else may call evhttp's setters on this server's
+ * connections: the record would never end (ctest test_http_slots checks). */
 void http_conn_set_closecb(struct evhttp_connection *evcon, void (*cb)(struct evhttp_connection *, void *),
                            void *arg);
 void http_conn_set_on_complete(struct evhttp_request *req, void (*cb)(struct evhttp_request *, void *),
