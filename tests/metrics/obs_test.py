@@ -178,9 +178,16 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"(,|$)')
 
 
 def check_exposition(text, what):
-    """Checks Prometheus text format 0.0.4 the way promtool's linter and the
-    Prometheus parser read it. Returns the number of problems (each one a
-    failed check)."""
+    """A check that text is valid Prometheus text format 0.0.4."""
+    problems = exposition_problems(text)
+    check(not problems, "%s: the exposition is valid text format 0.0.4%s"
+          % (what, "" if not problems else ": " + "; ".join(problems[:5])))
+    return len(problems)
+
+
+def exposition_problems(text):
+    """What is wrong with text as Prometheus text format 0.0.4, the way
+    promtool's linter and the Prometheus parser read it (a list of reasons)."""
     problems = []
     types, helps, seen, order = {}, set(), set(), []
     hist = {}  # (family, labels without le) -> {"buckets": [(le, v)], "count": v}
@@ -235,8 +242,8 @@ def check_exposition(text, what):
                 fam = name[:-len(suf)]
         if fam not in types:
             problems.append("line %d: sample of %s before (or without) its TYPE" % (n, name))
-        if fam not in order:
-            if order and fam in order[:-1]:
+        if not order or order[-1] != fam:
+            if fam in order:
                 problems.append("line %d: %s's samples are not together" % (n, fam))
             order.append(fam)
         key = (name, tuple(labels))
@@ -263,9 +270,27 @@ def check_exposition(text, what):
                 h["count"] != vals[-1]:
             problems.append("histogram %s%s: buckets %s, count %s" % (fam, dict(rest), h["buckets"][-3:],
                                                                      h["count"]))
-    check(not problems, "%s: the exposition is valid text format 0.0.4 (%d families)%s"
-          % (what, len(types), "" if not problems else ": " + "; ".join(problems[:5])))
-    return len(problems)
+    return problems
+
+
+def exposition_selftest():
+    """check_exposition finds what promtool would (so that it can fail)."""
+    good = ('# HELP a_total A.\n# TYPE a_total counter\na_total{x="1"} 2\n'
+            '# HELP h H.\n# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n')
+    check(exposition_problems(good) == [], "the exposition check accepts valid text")
+    bad = {
+        "a counter without _total": "# TYPE a counter\na 1\n",
+        "a sample before its TYPE": "a_total 1\n# TYPE a_total counter\n",
+        "non-cumulative buckets": '# TYPE h histogram\nh_bucket{le="1"} 2\nh_bucket{le="+Inf"} 1\nh_sum 1\nh_count 1\n',
+        "+Inf != _count": '# TYPE h histogram\nh_bucket{le="+Inf"} 2\nh_sum 1\nh_count 3\n',
+        "a series twice": "# TYPE g gauge\ng 1\ng 2\n",
+        "a bad label value": '# TYPE g gauge\ng{x="a"b"} 1\n',
+        "a bad value": "# TYPE g gauge\ng one\n",
+        "families interleaved": "# TYPE g gauge\n# TYPE f gauge\ng{a=\"1\"} 1\nf 1\ng{a=\"2\"} 1\n",
+    }
+    for what, text in bad.items():
+        p = exposition_problems(text)
+        check(p, "the exposition check rejects %s: %s" % (what, "; ".join(p[:2])))
 
 
 def wait_log(path, pred, skip=0, timeout=10):
@@ -445,6 +470,7 @@ def mode_logs(args):
 
 
 def mode_routes(args):
+    exposition_selftest()
     cl = new_cluster(args)
     try:
         cl.start()
@@ -777,6 +803,12 @@ def promql_selectors(expr):
 
 
 def mode_grafana(args):
+    # The query parser finds what the check below needs (so that it can fail).
+    got = promql_selectors('histogram_quantile(0.99, sum by (le, stage) (rate(x_seconds_bucket'
+                           '{model_name=~"$m", a!="b"}[$__rate_interval]))) / on (stage) y_total')
+    check(got == [("x_seconds_bucket", ["model_name", "a"], ["le", "stage", "stage"]),
+                  ("y_total", [], ["le", "stage", "stage"])],
+          "the PromQL reader finds metrics, matchers and groupings: %s" % got)
     path = os.path.join(HERE, "..", "..", "deploy", "grafana", "strata.json")
     with open(path) as f:
         dash = json.load(f)
