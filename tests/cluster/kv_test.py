@@ -178,7 +178,8 @@ def run_prefix(args, coord_args):
         m1 = metrics(cl)
         delta = {k: m1.get(k, 0) - m0.get(k, 0) for k in
                  ("strata_prefix_cache_queries_total", "strata_prefix_cache_hits_total",
-                  "strata_prefill_tokens_computed_total", "strata_preemptions_total")}
+                  "strata_prefill_tokens_computed_total", "strata_preemptions_total",
+                  "strata_recoveries_total")}
         sj = cl.stages_json()
         print("/v1/stages kv: %s" % sj["kv"])
         return comps, prompts, delta, cl
@@ -189,8 +190,19 @@ def run_prefix(args, coord_args):
             cl.dump_logs()
 
 
+def run_prefix_undisturbed(args, coord_args):
+    """run_prefix, once more if a stage was taken for hung meanwhile (a
+    starved process on a loaded machine: the recovery re-prefills, so the
+    counters cannot be exact); the completions are checked either way."""
+    res = run_prefix(args, coord_args)
+    if res[2] is not None and res[2]["strata_recoveries_total"] > 0:
+        print("a stage was found hung during the run (machine load); once more")
+        res = run_prefix(args, coord_args)
+    return res
+
+
 def mode_prefix(args):
-    comps, prompts, d, _ = run_prefix(args, [])
+    comps, prompts, d, _ = run_prefix_undisturbed(args, [])
     if comps is None:
         return
     n = [len(p) for p in prompts]
@@ -217,7 +229,7 @@ def mode_prefix(args):
           "prefix cache hits = 15 requests x their cached blocks: %d tokens" % want_h)
     check(d["strata_prefill_tokens_computed_total"] == want_q - want_h,
           "prefill tokens computed = %d - %d = %d" % (want_q, want_h, want_q - want_h))
-    comps_off, prompts_off, d_off, _ = run_prefix(args, ["--no-prefix-caching"])
+    comps_off, prompts_off, d_off, _ = run_prefix_undisturbed(args, ["--no-prefix-caching"])
     if comps_off is None:
         return
     check(prompts_off == prompts, "--no-prefix-caching: the same prompt tokens")
@@ -278,6 +290,9 @@ def main():
     for a in ("coordinator", "worker", "shared"):
         ap.add_argument("--" + a, required=True)
     args = ap.parse_args()
+    # Loopback only: a recovery's reconnection must not try the bridges
+    # other tests may create.
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
     try:
         {"preempt": mode_preempt, "prefix": mode_prefix, "restart": mode_restart}[args.mode](args)
     except Exception as e:  # noqa: BLE001
