@@ -44,6 +44,7 @@ static void send_status(lifecycle *l) {
     }
     coord_engine_stats st = {0};
     if (e->ops->stats) e->ops->stats(e->impl, &st);
+    coord_engine_stats_release(&st);
     st_notify_status("serving epoch %llu, %d stage(s): %d running, %d queued", (unsigned long long)st.epoch,
                      st.n_stages, st.running, st.queue_depth);
 }

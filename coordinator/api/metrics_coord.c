@@ -140,7 +140,7 @@ static void collect(metrics_registry *r, void *ud) {
     /* Workers come and go: re-set the series of those that exist now. */
     metrics_family_reset(m->wstate);
     metrics_family_reset(m->wage);
-    for (int i = 0; i < st->n_workers && i < COORD_STATS_MAX_STAGES; i++) {
+    for (int i = 0; i < st->n_workers; i++) {
         const coord_worker_stats *w = &st->workers[i];
         const char *const *set = st->worker_states ? st->worker_states : static_worker_states;
         for (size_t k = 0; set[k]; k++) {
@@ -153,6 +153,7 @@ static void collect(metrics_registry *r, void *ud) {
             metrics_gauge_set(metrics_with(m->wage, v, NULL), w->heartbeat_age_s);
         }
     }
+    coord_engine_stats_release(st);
     free(st);
 }
 

@@ -46,7 +46,7 @@ typedef struct run {
     coord_config cfg;        /* shallow copy of the live config; stages below */
     coord_stage_cfg *stages;
     cluster *cl;
-    uint64_t node_reg[PLACE_NODE_MAX]; /* each stage's node's registrations when assigned */
+    uint64_t node_reg[PLACE_STAGE_MAX]; /* each stage's node's registrations when assigned */
     bool ready, failed;
     char fail_msg[ST_ERR_MSG_MAX];
     double retire_at;
@@ -96,14 +96,17 @@ struct ctl_service {
     char lost_msg[ST_ERR_MSG_MAX];
     char lost_name[REG_NAME_MAX]; /* the node and stage of the loss (GetStatus) */
     int lost_stage;
-    lost_node excl[PLACE_NODE_MAX];
+    lost_node excl[PLACE_STAGE_MAX];
     int n_excl;
     uint64_t recoveries, seqs_resumed, tokens_recomputed;
 };
 
 /* control_service.c */
 void ctl_save_state(ctl_service *s);
-int ctl_usable_nodes(ctl_service *s, place_node *out, const char *except);
+/* The usable nodes (registered or ready, not draining), sorted by name, `except`
+ * left out: *out is malloc'd (the caller frees it; NULL when none). Returns
+ * their count, -1 when out of memory. */
+int ctl_usable_nodes(ctl_service *s, place_node **out, const char *except);
 int ctl_eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                    uint64_t *id_out, st_err *err);
 void ctl_eng_cancel(void *impl, uint64_t id);

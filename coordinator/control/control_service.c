@@ -92,14 +92,23 @@ static int cmp_node(const void *a, const void *b) {
     return strcmp(((const place_node *)a)->name, ((const place_node *)b)->name);
 }
 
-/* The usable nodes (not draining, registered or ready), sorted by name;
- * `except` is left out. */
-int ctl_usable_nodes(ctl_service *s, place_node *out, const char *except) {
+/* The usable nodes (not draining, registered or ready); control_internal.h. */
+int ctl_usable_nodes(ctl_service *s, place_node **outp, const char *except) {
     int k = 0;
-    for (int i = 0; i < s->reg.n && k < PLACE_NODE_MAX; i++) {
+    *outp = NULL;
+    if (s->reg.n == 0) return 0;
+    place_node *out = malloc(sizeof *out * (size_t)s->reg.n);
+    if (!out) return -1;
+    *outp = out;
+    for (int i = 0; i < s->reg.n; i++) {
         const reg_node *n = &s->reg.nodes[i];
         if (!registry_usable(n) || (except && !strcmp(n->name, except))) continue;
         out[k++] = (place_node){n->name, node_memory(n), node_tp(n)};
+    }
+    if (k == 0) { /* nothing to free for the caller */
+        free(out);
+        *outp = NULL;
+        return 0;
     }
     qsort(out, (size_t)k, sizeof *out, cmp_node);
     return k;
@@ -204,6 +213,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     if (s->cur) {
         coord_engine e = cluster_engine(s->cur->cl);
         if (e.ops->stats) e.ops->stats(e.impl, out);
+        coord_engine_stats_release(out); /* the registry's view replaces the cluster's */
     }
     /* Workers: the registry's view (state names of registry.h), "serving"
      * for a ready node that holds a stage of the serving placement. */
@@ -216,7 +226,8 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     bool serving = s->cur && cluster_is_ready(s->cur->cl);
     double t = st_now_s();
     out->n_workers = 0;
-    for (int i = 0; i < s->reg.n && out->n_workers < COORD_STATS_MAX_STAGES; i++) {
+    out->workers = calloc((size_t)(s->reg.n ? s->reg.n : 1), sizeof *out->workers);
+    for (int i = 0; out->workers && i < s->reg.n; i++) {
         const reg_node *n = &s->reg.nodes[i];
         coord_worker_stats *w = &out->workers[out->n_workers++];
         snprintf(w->name, sizeof w->name, "%s", n->name);

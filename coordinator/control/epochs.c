@@ -47,7 +47,7 @@ static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
     }
     r->s = s;
     r->pl = *pl;
-    place_range ranges[PLACE_NODE_MAX];
+    place_range ranges[PLACE_STAGE_MAX];
     for (int i = 0; i < pl->n_stages; i++) {
         const place_stage *ps = &pl->st[i];
         reg_node *n = registry_find(&s->reg, ps->node);
@@ -238,8 +238,8 @@ void ctl_tick(evutil_socket_t fd, short what, void *arg) {
                 }
             }
         } else {
-            place_node nodes[PLACE_NODE_MAX];
-            int n = ctl_usable_nodes(s, nodes, NULL);
+            place_node *nodes;
+            int n = ctl_usable_nodes(s, &nodes, NULL);
             if (n >= s->o.min_workers) {
                 placement pl;
                 if (place_auto(&s->pm, nodes, n, &pl, &code, &err) != 0 ||
@@ -248,6 +248,7 @@ void ctl_tick(evutil_socket_t fd, short what, void *arg) {
                     s->retry_at = t + RETRY_START_S;
                 }
             }
+            free(nodes);
         }
     }
     if (!event_pending(s->tick_ev, EV_TIMEOUT, NULL)) {

@@ -57,10 +57,9 @@ int place_auto(const place_model *m, const place_node *nodes, int n, placement *
     }
     all += m->embd_bytes + m->head_bytes;
     /* Nodes with room for a layer, in name order (callers pass them sorted). */
-    int use[PLACE_NODE_MAX], k = 0;
-    for (int i = 0; i < n && i < PLACE_NODE_MAX; i++)
+    int use[PLACE_STAGE_MAX], k = 0; /* more nodes than layers: the first L that fit */
+    for (int i = 0; i < n && k < L; i++)
         if (nodes[i].memory >= max_layer) use[k++] = i;
-    if (k > L) k = L; /* more nodes than layers: the first L */
     uint64_t total = 0, biggest = 0;
     for (int i = 0; i < n; i++) {
         total += nodes[i].memory;
@@ -75,8 +74,8 @@ int place_auto(const place_model *m, const place_node *nodes, int n, placement *
                     place_fmt_bytes(max_layer - biggest, b3, sizeof b3));
     for (int tries = 0; tries < 2; tries++) {
         /* memory left for layers after the embedding (first) and the head (last) */
-        double left[PLACE_NODE_MAX];
-        int maxl[PLACE_NODE_MAX], cnt[PLACE_NODE_MAX];
+        double left[PLACE_STAGE_MAX];
+        int maxl[PLACE_STAGE_MAX], cnt[PLACE_STAGE_MAX];
         double sum = 0;
         int room = 0;
         for (int s = 0; s < k; s++) {
@@ -156,8 +155,8 @@ int place_auto(const place_model *m, const place_node *nodes, int n, placement *
 int place_check_explicit(const place_model *m, const place_node *nodes, int n, const place_stage *stages,
                          int n_stages, placement *out, int *code, st_err *err) {
     const int L = m->n_layers;
-    if (n_stages < 1 || n_stages > PLACE_NODE_MAX)
-        return fail(code, RPC_INVALID_ARGUMENT, err, "%d stages (want 1..%d)", n_stages, PLACE_NODE_MAX);
+    if (n_stages < 1 || n_stages > PLACE_STAGE_MAX)
+        return fail(code, RPC_INVALID_ARGUMENT, err, "%d stages (want 1..%d)", n_stages, PLACE_STAGE_MAX);
     placement p;
     memset(&p, 0, sizeof p);
     int next = 0;

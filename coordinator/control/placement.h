@@ -30,7 +30,12 @@
 #include "common/err.h"
 #include "coordinator/config/partition.h"
 
-#define PLACE_NODE_MAX 64
+/* Stages of one placement. A stage holds at least one layer, so a placement
+ * has at most one stage per layer: the real limit is the model's layer count
+ * (PLACE_MAX_STAGES, config/partition.h). The number of NODES is not limited:
+ * candidate lists are as long as the registry; automatic placement uses the
+ * first n_layers usable nodes that can hold a layer (name order). */
+#define PLACE_STAGE_MAX PLACE_MAX_STAGES
 
 typedef struct place_stage {
     char node[64];
@@ -42,7 +47,7 @@ typedef struct placement {
     uint64_t epoch;  /* 0 = none */
     int n_layers;
     int n_stages;
-    place_stage st[PLACE_NODE_MAX];
+    place_stage st[PLACE_STAGE_MAX];
 } placement;
 
 typedef struct place_model {

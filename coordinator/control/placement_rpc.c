@@ -14,8 +14,8 @@
 
 typedef struct pl_msg {
     Strata__V1__Placement p;
-    Strata__V1__Stage st[PLACE_NODE_MAX];
-    Strata__V1__Stage *sp[PLACE_NODE_MAX];
+    Strata__V1__Stage st[PLACE_STAGE_MAX];
+    Strata__V1__Stage *sp[PLACE_STAGE_MAX];
 } pl_msg;
 
 static void fill_placement(pl_msg *m, const placement *pl) {
@@ -42,7 +42,7 @@ static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry, b
         return;
     }
     pl_msg *cur = &two[0], *pend = &two[1];
-    Strata__V1__NodeLoad loads[PLACE_NODE_MAX], *lp[PLACE_NODE_MAX];
+    Strata__V1__NodeLoad loads[PLACE_STAGE_MAX], *lp[PLACE_STAGE_MAX];
     Strata__V1__PlacementReply out = STRATA__V1__PLACEMENT_REPLY__INIT;
     placement none = {0};
     none.n_layers = s->pm.n_layers;
@@ -119,12 +119,12 @@ static const char *unusable_why(const reg_node *n) {
 void ctl_h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_service *s = ud;
     const Strata__V1__SetPlacementRequest *r = (const void *)req->msg;
-    if (r->n_stages == 0 || r->n_stages > PLACE_NODE_MAX) {
+    if (r->n_stages == 0 || r->n_stages > PLACE_STAGE_MAX) {
         rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "SetPlacement: %zu stages (want 1..%d)", r->n_stages,
-                         PLACE_NODE_MAX);
+                         PLACE_STAGE_MAX);
         return;
     }
-    place_stage st[PLACE_NODE_MAX];
+    place_stage st[PLACE_STAGE_MAX];
     for (size_t i = 0; i < r->n_stages; i++) {
         if (strlen(r->stages[i]->node) >= sizeof st[i].node) {
             rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "SetPlacement: stage %zu: node name too long", i);
@@ -141,12 +141,14 @@ void ctl_h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
             return;
         }
     }
-    place_node nodes[PLACE_NODE_MAX];
-    int n = ctl_usable_nodes(s, nodes, NULL);
+    place_node *nodes;
+    int n = ctl_usable_nodes(s, &nodes, NULL);
     placement pl;
     int code = RPC_INVALID_ARGUMENT;
     st_err err = {{0}};
-    if (place_check_explicit(&s->pm, nodes, n, st, (int)r->n_stages, &pl, &code, &err) != 0) {
+    int rc = n < 0 ? st_errf(&err, "out of memory") : place_check_explicit(&s->pm, nodes, n, st, (int)r->n_stages, &pl, &code, &err);
+    free(nodes);
+    if (rc != 0) {
         rpc_call_finishf(c, code, "SetPlacement: %s", err.msg);
         return;
     }
@@ -164,12 +166,14 @@ void ctl_h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
 void ctl_h_auto_placement(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_service *s = ud;
     const Strata__V1__AutoPlacementRequest *r = (const void *)req->msg;
-    place_node nodes[PLACE_NODE_MAX];
-    int n = ctl_usable_nodes(s, nodes, NULL);
+    place_node *nodes;
+    int n = ctl_usable_nodes(s, &nodes, NULL);
     placement pl;
     int code = RPC_INTERNAL;
     st_err err = {{0}};
-    if (place_auto(&s->pm, nodes, n, &pl, &code, &err) != 0) {
+    int rc = n < 0 ? st_errf(&err, "out of memory") : place_auto(&s->pm, nodes, n, &pl, &code, &err);
+    free(nodes);
+    if (rc != 0) {
         rpc_call_finishf(c, code, "AutoPlacement: %s", err.msg);
         return;
     }
@@ -197,9 +201,10 @@ static int cmp_reg_name(const void *a, const void *b) {
  * draining; node-d is dead" (or "no other node is registered"), into buf. */
 static const char *others_why(const ctl_service *s, const char *except, char *buf, size_t cap) {
     static const int order[] = {REG_DRAINING, REG_SUSPECT, REG_DEAD, 0};
-    const reg_node *by_name[PLACE_NODE_MAX];
+    const reg_node **by_name = malloc(sizeof *by_name * (size_t)(s->reg.n ? s->reg.n : 1));
     int nn = 0;
-    for (int i = 0; i < s->reg.n && nn < PLACE_NODE_MAX; i++) by_name[nn++] = &s->reg.nodes[i];
+    if (!by_name) return snprintf(buf, cap, "(out of memory)"), buf;
+    for (int i = 0; i < s->reg.n; i++) by_name[nn++] = &s->reg.nodes[i];
     qsort(by_name, (size_t)nn, sizeof *by_name, cmp_reg_name);
     size_t off = 0;
     buf[0] = 0;
@@ -218,6 +223,7 @@ static const char *others_why(const ctl_service *s, const char *except, char *bu
     }
     if (off >= cap) off = cap - 1;
     if (!off) snprintf(buf, cap, "no other node is registered");
+    free(by_name);
     return buf;
 }
 
@@ -235,18 +241,24 @@ void ctl_h_drain(rpc_call *c, const rpc_request *req, void *ud) {
     }
     uint64_t epoch = s->cur ? s->cur->pl.epoch : 0;
     if (ctl_in_placement(s->cur, n->name)) {
-        place_node nodes[PLACE_NODE_MAX];
-        int k = ctl_usable_nodes(s, nodes, n->name);
+        place_node *nodes;
+        int k = ctl_usable_nodes(s, &nodes, n->name);
         placement pl;
         int code = RPC_INTERNAL;
         st_err err = {{0}};
+        if (k < 0) {
+            rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "Drain: out of memory");
+            return;
+        }
         if (k == 0) {
             rpc_call_finishf(c, RPC_FAILED_PRECONDITION,
                              "Drain: cannot move %s's stages away: no other usable node would be left (%s)",
                              n->name, others_why(s, n->name, err.msg, sizeof err.msg));
             return;
         }
-        if (place_auto(&s->pm, nodes, k, &pl, &code, &err) != 0 || ctl_change_placement(s, &pl, &code, &err) != 0) {
+        int rc = place_auto(&s->pm, nodes, k, &pl, &code, &err);
+        free(nodes);
+        if (rc != 0 || ctl_change_placement(s, &pl, &code, &err) != 0) {
             rpc_call_finishf(c, code, "Drain: cannot move %s's stages away: %s", n->name, err.msg);
             return;
         }

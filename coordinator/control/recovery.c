@@ -39,7 +39,7 @@ void ctl_run_on_lost(void *ud, int stage, const char *msg) {
     if (r != s->cur && r != s->from) return; /* retired: nothing depends on it */
     const char *node = stage >= 0 && stage < r->pl.n_stages ? r->pl.st[stage].node : "?";
     const reg_node *rn = registry_find(&s->reg, node);
-    if (s->n_excl < PLACE_NODE_MAX) {
+    if (s->n_excl < PLACE_STAGE_MAX) {
         snprintf(s->excl[s->n_excl].name, sizeof s->excl[s->n_excl].name, "%s", node);
         s->excl[s->n_excl].lease = rn ? rn->lease : 0;
         s->n_excl++;
@@ -95,15 +95,17 @@ void ctl_recovery_tick(ctl_service *s, double t) {
         cluster_fail_requests(s->lost->cl, msg);
     }
     if (s->pend || s->from || t < s->retry_at) return;
-    place_node all[PLACE_NODE_MAX], nodes[PLACE_NODE_MAX];
-    int n_all = ctl_usable_nodes(s, all, NULL), n = 0;
-    for (int i = 0; i < n_all; i++)
-        if (!excluded(s, all[i].name)) nodes[n++] = all[i];
+    place_node *nodes;
+    int n_all = ctl_usable_nodes(s, &nodes, NULL), n = 0;
+    for (int i = 0; i < n_all; i++) /* in place: n <= i */
+        if (!excluded(s, nodes[i].name)) nodes[n++] = nodes[i];
     placement pl;
     int code = 0;
     st_err err = {{0}};
     if (n == 0) st_errf(&err, "no usable node is left");
-    if (n == 0 || place_auto(&s->pm, nodes, n, &pl, &code, &err) != 0) {
+    int rc = n == 0 ? -1 : place_auto(&s->pm, nodes, n, &pl, &code, &err);
+    free(nodes);
+    if (rc != 0) {
         if (!s->recovery_stuck_logged)
             ST_ERROR("control: recovery: cannot re-place yet (%s); waiting for capacity%s", err.msg,
                      s->recovery_expired ? "" : " (requests are held until recovery_timeout)");

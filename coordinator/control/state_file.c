@@ -92,7 +92,7 @@ int state_load(const char *path, placement *p, uint64_t *last_epoch, const char 
     json_array_foreach(stages, i, v) {
         const char *node;
         int first, lastl, tp;
-        if (i >= PLACE_NODE_MAX ||
+        if (i >= PLACE_STAGE_MAX ||
             json_unpack(v, "{s:s,s:i,s:i,s:i}", "node", &node, "first", &first, "last", &lastl, "tp", &tp) ||
             strlen(node) >= sizeof p->st[0].node) {
             rc = st_errf(err, "state %s: bad stage %zu", path, i);

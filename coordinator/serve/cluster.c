@@ -1324,6 +1324,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->sequences_resumed = c->n_resumed;
     out->tokens_recomputed = c->n_recomputed;
     double now = st_now_s();
+    out->workers = calloc((size_t)(c->n_stages ? c->n_stages : 1), sizeof *out->workers);
     for (int i = 0; i < c->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
         const stage_link *l = &c->links[i];
         out->stages[i].busy_ratio = l->busy_ratio;
@@ -1334,6 +1335,8 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
         out->stages[i].hops = l->hops;
         out->stages[i].hop_sum_s = l->hop_sum_s;
         out->stages[i].load_seconds = l->state == LINK_READY ? l->load_seconds : 0;
+        out->n_stages = i + 1;
+        if (!out->workers) continue;
         coord_worker_stats *w = &out->workers[i];
         snprintf(w->name, sizeof w->name, "%s",
                  l->worker_name[0] ? l->worker_name : c->cfg->stages[i].name);
@@ -1341,7 +1344,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
                    : l->state == LINK_READY ? (c->ready && !c->lost ? "serving" : "ready")
                                             : "joining";
         w->heartbeat_age_s = l->have_stats ? now - l->stats_at : -1.0;
-        out->n_stages = out->n_workers = i + 1;
+        out->n_workers = i + 1;
     }
 }
 

@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "common/err.h"
 #include "model/sampler.h"
@@ -84,7 +85,8 @@ typedef struct coord_sink {
 } coord_sink;
 
 /* Engine state for GET /metrics (coordinator/api/metrics_coord.h). */
-#define COORD_STATS_MAX_STAGES 64
+/* = PLACE_MAX_STAGES (config/partition.h): a stage holds at least one layer. */
+#define COORD_STATS_MAX_STAGES 256
 #define COORD_NAME_LEN 64
 /* Forward-time histogram bounds (seconds) of coord_stage_stats.fwd_buckets. */
 #define COORD_FWD_BOUNDS                                                                     \
@@ -130,8 +132,10 @@ typedef struct coord_engine_stats {
     int n_stages;            /* <= COORD_STATS_MAX_STAGES */
     uint64_t epoch;          /* the serving placement's epoch (0: none; static mode: 1) */
     coord_stage_stats stages[COORD_STATS_MAX_STAGES];
-    int n_workers;           /* <= COORD_STATS_MAX_STAGES */
-    coord_worker_stats workers[COORD_STATS_MAX_STAGES];
+    /* Every worker the engine knows (no cap: the live registry's whole fleet).
+     * malloc'd by the engine's stats(); coord_engine_stats_release frees it. */
+    int n_workers;
+    coord_worker_stats *workers;
     /* The state set of the workers (NULL-terminated; one strata_worker_state
      * series per member). NULL: the static cluster's "joining", "ready",
      * "serving", "lost". The live control plane's: "registered", "ready",
@@ -174,5 +178,12 @@ typedef struct coord_engine {
     const coord_engine_ops *ops;
     void *impl;
 } coord_engine;
+
+/* Frees what stats() allocated in *st (not st itself). */
+static inline void coord_engine_stats_release(coord_engine_stats *st) {
+    free(st->workers);
+    st->workers = NULL;
+    st->n_workers = 0;
+}
 
 #endif
