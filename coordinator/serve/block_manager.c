@@ -25,6 +25,7 @@ struct block_manager {
     int32_t *lru_prev, *lru_next, lru_head, lru_tail, n_lru;
     int32_t *free_stack, n_free; /* plain free blocks; the top is the lowest id */
     uint64_t evictions;
+    uint8_t *verify_seen;  /* bm_verify's scratch */
 };
 
 block_manager *bm_new(int32_t n_blocks, int32_t block_size, bool prefix_caching, st_err *err) {
@@ -47,6 +48,7 @@ block_manager *bm_new(int32_t n_blocks, int32_t block_size, bool prefix_caching,
     m->lru_prev = malloc(nb * sizeof *m->lru_prev);
     m->lru_next = malloc(nb * sizeof *m->lru_next);
     m->free_stack = malloc(nb * sizeof *m->free_stack);
+    m->verify_seen = calloc(nb, 1);
     if (prefix_caching) {
         m->hash = calloc(nb, sizeof *m->hash);
         m->toks = calloc(nb * (size_t)block_size, sizeof *m->toks);
@@ -54,7 +56,7 @@ block_manager *bm_new(int32_t n_blocks, int32_t block_size, bool prefix_caching,
         m->chain = malloc(nb * sizeof *m->chain);
     }
     if (!m->ref || !m->addressed || !m->prefix || !m->in_lru || !m->lru_prev || !m->lru_next ||
-        !m->free_stack ||
+        !m->free_stack || !m->verify_seen ||
         (prefix_caching && (!m->hash || !m->toks || !m->bucket || !m->chain))) {
         bm_free(m);
         return (void)st_errf(err, "kv: out of memory for %d blocks", (int)n_blocks), NULL;
@@ -80,6 +82,7 @@ void bm_free(block_manager *m) {
     free(m->lru_prev);
     free(m->lru_next);
     free(m->free_stack);
+    free(m->verify_seen);
     free(m);
 }
 
@@ -227,8 +230,8 @@ void bm_reset_cache(block_manager *m) {
 
 int bm_verify(const block_manager *m, const int32_t *owners, char *msg, size_t cap) {
     int32_t n_free = 0, n_lru = 0;
-    uint8_t *seen = calloc((size_t)m->n_blocks, 1);
-    if (!seen) return snprintf(msg, cap, "out of memory"), -1;
+    uint8_t *seen = m->verify_seen; /* scratch: no heap block per check (sched.c) */
+    memset(seen, 0, (size_t)m->n_blocks);
     int rc = -1;
     for (int32_t i = 0; i < m->n_free; i++) {
         int32_t b = m->free_stack[i];
@@ -283,6 +286,5 @@ int bm_verify(const block_manager *m, const int32_t *owners, char *msg, size_t c
     (void)n_free;
     rc = 0;
 out:
-    free(seen);
     return rc;
 }

@@ -53,6 +53,7 @@ struct sched {
     int cap_events;
     uint64_t batches_launched, tokens_launched, prefill_tokens;
     uint64_t preemptions, prefix_query_tokens, prefix_hit_tokens;
+    int32_t *verify_owners; /* sched_verify's scratch: n_blocks counts */
 };
 
 #ifndef NDEBUG
@@ -131,7 +132,10 @@ sched *sched_create(const sched_config *cfg, block_manager *kv, st_err *err) {
     s->bs = bm_block_size(kv);
     s->watermark = bm_n_blocks(kv) / 100; /* vLLM: int(0.01 * num_blocks) */
     s->slots = calloc((size_t)c.max_inflight, sizeof *s->slots);
-    if (!s->slots) {
+    s->verify_owners = calloc((size_t)bm_n_blocks(kv), sizeof *s->verify_owners);
+    if (!s->slots || !s->verify_owners) {
+        free(s->slots);
+        free(s->verify_owners);
         free(s);
         return (void)st_errf(err, "sched: out of memory"), NULL;
     }
@@ -185,6 +189,7 @@ void sched_destroy(sched *s) {
     }
     free(s->slots);
     free(s->events);
+    free(s->verify_owners);
     free(s);
 }
 
@@ -598,8 +603,12 @@ void sched_reset_prefix_cache(sched *s) { bm_reset_cache(s->kv); }
 
 int sched_verify(const sched *s, char *msg, size_t cap) {
     int32_t nb = bm_n_blocks(s->kv);
-    int32_t *owners = calloc((size_t)nb, sizeof *owners);
+    /* A scratch array kept with the scheduler: this runs after every step
+     * in Debug/Asan builds, where a heap block per step would pile up in
+     * ASan's quarantine. */
+    int32_t *owners = s->verify_owners;
     if (!owners) return snprintf(msg, cap, "out of memory"), -1;
+    memset(owners, 0, sizeof *owners * (size_t)nb);
     int rc = 0;
     for (const seq *q = s->waiting.head; q && rc == 0; q = q->next)
         if (q->n_blocks != 0)
@@ -629,7 +638,6 @@ int sched_verify(const sched *s, char *msg, size_t cap) {
         }
     }
     if (rc == 0) rc = bm_verify(s->kv, owners, msg, cap);
-    free(owners);
     return rc;
 }
 
