@@ -70,6 +70,8 @@ typedef struct choice {
     uint64_t engine_id;
     bool open;           /* submitted and not finished */
     const char *finish;  /* "stop" / "length" once finished */
+    int n_tokens;        /* tokens of this choice */
+    double t_last;       /* its latest token (TPOT is per sequence) */
 } choice;
 
 /* One completion in progress. */
@@ -300,9 +302,9 @@ static void sink_token(void *ctx, int32_t id, const char *piece, size_t len,
     if (c->n_tokens++ == 0) {
         c->t_first = now;
         coord_metrics_ttft(c->api->metrics, now - c->t0);
-    } else {
-        coord_metrics_tpot(c->api->metrics, now - c->t_last);
     }
+    if (h->n_tokens++ > 0) coord_metrics_tpot(c->api->metrics, now - h->t_last);
+    h->t_last = now;
     c->t_last = now;
     coord_metrics_generated_tokens(c->api->metrics, 1);
     /* skip_special_tokens false: a control token shows its text (vLLM). */
