@@ -1,5 +1,5 @@
-/* rdma.h — RDMA device discovery (libibverbs) and the NCCL environment
- * derived from it (NCCL_IB_HCA, NCCL_IB_GID_INDEX for RoCE).
+/* rdma.h — RDMA device discovery (libibverbs). The NCCL/UCX settings derived
+ * from the devices are ib/fabric_env.h's.
  *
  * UCX finds RDMA devices by itself (UCX_NET_DEVICES narrows them); this is
  * for diagnostics (`strata-rdma-devices`) and for NCCL's IB transport, which
@@ -31,11 +31,5 @@ typedef struct rdma_device {
 /* Fills up to max devices; returns how many (0 = no RDMA device, not an
  * error), or -1 when libibverbs fails to open a listed device. */
 int rdma_list_devices(rdma_device *out, int max, st_err *err);
-
-/* NCCL settings for devs: hca = "dev:port,..." over active ports (empty when
- * none); gid_index = the RoCE v2 GID index of the first active RoCE port, or
- * -1 when no port is RoCE (then NCCL_IB_GID_INDEX is left unset). Returns 0,
- * or -1 when hca_cap is too small. */
-int rdma_nccl_env(const rdma_device *devs, int n, char *hca, size_t hca_cap, int *gid_index, st_err *err);
 
 #endif

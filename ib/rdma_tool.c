@@ -1,9 +1,11 @@
 /* rdma_tool.c — strata-rdma-devices: prints the RDMA devices and the NCCL
- * environment derived from them, or "no RDMA device found". */
+ * and UCX settings derived from them (the printer strata-topo uses), or "no RDMA device found". */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/version.h"
+#include "ib/fabric_env.h"
 #include "ib/rdma.h"
 
 int main(int argc, char **argv)
@@ -32,13 +34,15 @@ int main(int argc, char **argv)
             printf("%s port %d: %s, %s, RoCE v2 GID index %d\n", devs[i].name, devs[i].ports[p].num,
                    devs[i].ports[p].active ? "active" : "down", devs[i].ports[p].ethernet ? "Ethernet (RoCE)" : "InfiniBand",
                    devs[i].ports[p].roce_v2_gid);
-    char hca[1024];
-    int gid;
-    if (rdma_nccl_env(devs, n, hca, sizeof hca, &gid, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
+    /* The same settings and printer as strata-topo --nccl-env (ib/fabric_env.h). */
+    fabric_node *node = calloc(1, sizeof *node);
+    fabric_env fe;
+    if (!node || fabric_node_from_rdma(devs, n, node, &err) || fabric_derive(node, NULL, &fe, &err)) {
+        fprintf(stderr, "%s\n", node ? err.msg : "out of memory");
+        free(node);
         return 1;
     }
-    printf("NCCL_IB_HCA=%s\n", hca);
-    if (gid >= 0) printf("NCCL_IB_GID_INDEX=%d\n", gid);
+    free(node);
+    fabric_env_print(stdout, &fe);
     return 0;
 }

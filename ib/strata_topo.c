@@ -1,8 +1,12 @@
 /* strata_topo.c — strata-topo: prints this node's topology (CPUs, NUMA nodes,
- * GPUs, RDMA devices) and the NCCL_IB_* settings derived from it (ib/topo.h).
+ * GPUs, RDMA devices) and the NCCL/UCX fabric settings derived from it (ib/fabric_env.h).
  *
  *   strata-topo                       the report
- *   strata-topo --nccl-env            only the NCCL_IB_* lines (KEY=VALUE)
+ *   strata-topo --nccl-env            only the NCCL/UCX fabric lines (KEY=VALUE,
+ *                                      ib/fabric_env.h), from sysfs; policy from
+ *                                      --ib-tc N --ib-sl N --qps-per-connection N
+ *                                      --socket-ifname IF; --sysroot DIR reads a
+ *                                      fixture tree instead of /
  *   strata-topo --nccl-env --output F  the same, written to F atomically
  *                                      (F.tmp + rename), for EnvironmentFile=
  *
@@ -11,6 +15,7 @@
  */
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -22,19 +27,22 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: strata-topo [--nccl-env [--output FILE]] | --version\n"
-            "  (none)         CPUs, NUMA nodes, GPUs, RDMA devices and the NCCL settings\n"
-            "  --nccl-env     only the NCCL_IB_* settings, as KEY=VALUE lines\n"
-            "  --output FILE  write them to FILE (atomically) instead of stdout\n");
+            "usage: strata-topo [--nccl-env [--output FILE]] [POLICY] | --version\n"
+            "  (none)         CPUs, NUMA nodes, GPUs, RDMA devices and the fabric settings\n"
+            "  --nccl-env     only the NCCL_*/UCX_* settings, as KEY=VALUE lines\n"
+            "  --output FILE  write them to FILE (atomically) instead of stdout\n"
+            "  POLICY: --ib-tc N (0-255)  --ib-sl N (0-15)  --qps-per-connection N  --socket-ifname IF\n"
+            "  --sysroot DIR  read sysfs under DIR (tests)\n");
 }
 
-static int write_env_file(const char *path, const rdma_device *devs, int n, st_err *err)
+static int write_env_file(const char *path, const fabric_env *fe, st_err *err)
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return st_errf(err, "%s: path too long", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return st_errf(err, "cannot write %s: %m", tmp);
-    int rc = topo_print_nccl_env(f, devs, n, err);
+    fabric_env_print(f, fe);
+    int rc = 0;
     if (fflush(f) != 0 || ferror(f)) rc = rc ? rc : st_errf(err, "cannot write %s: %m", tmp);
     if (fclose(f) != 0) rc = rc ? rc : st_errf(err, "cannot write %s: %m", tmp);
     if (rc == 0 && rename(tmp, path) != 0) rc = st_errf(err, "cannot rename %s to %s: %m", tmp, path);
@@ -46,16 +54,40 @@ int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"nccl-env", no_argument, 0, 'n'},
                                          {"output", required_argument, 0, 'o'},
+                                         {"ib-tc", required_argument, 0, 't'},
+                                         {"ib-sl", required_argument, 0, 's'},
+                                         {"qps-per-connection", required_argument, 0, 'q'},
+                                         {"socket-ifname", required_argument, 0, 'i'},
+                                         {"sysroot", required_argument, 0, 'r'},
                                          {"help", no_argument, 0, 'h'},
                                          {"version", no_argument, 0, 'V'},
                                          {0, 0, 0, 0}};
     int nccl_env = 0;
-    const char *output = NULL;
+    const char *output = NULL, *sysroot = "/";
+    fabric_config cfg = FABRIC_CONFIG_DEFAULT;
     opterr = 0;
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 'n': nccl_env = 1; break;
         case 'o': output = optarg; break;
+        case 't':
+        case 's':
+        case 'q': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            long lo = c == 'q' ? 1 : 0, hi = c == 't' ? 255 : c == 's' ? 15 : 128;
+            if (!*optarg || *end || v < lo || v > hi) {
+                fprintf(stderr, "strata-topo: error: %s '%s' is not a number in %ld..%ld\n", argv[optind - 1],
+                        optarg, lo, hi);
+                return 2;
+            }
+            if (c == 't') cfg.ib_tc = (int)v;
+            else if (c == 's') cfg.ib_sl = (int)v;
+            else cfg.qps_per_connection = (int)v;
+            break;
+        }
+        case 'i': cfg.socket_ifname = optarg; break;
+        case 'r': sysroot = optarg; break;
         case 'h': usage(stdout); return 0;
         case 'V': st_version_print(stdout, "strata-topo"); return 0;
         default:
@@ -78,8 +110,28 @@ int main(int argc, char **argv)
         fprintf(stderr, "strata-topo: %s\n", err.msg);
         return 1;
     }
+    /* The fabric settings come from sysfs (PCI paths give the rails); without
+     * /sys/class/infiniband (a container) from the verbs device list. */
+    fabric_node *node = calloc(1, sizeof *node);
+    fabric_env fe;
+    if (!node) {
+        fprintf(stderr, "strata-topo: out of memory\n");
+        return 1;
+    }
+    int frc = fabric_scan(sysroot, node, &err);
+    if (frc == 0 && node->n_port == 0 && n > 0 && !strcmp(sysroot, "/")) {
+        frc = fabric_node_from_rdma(devs, n, node, &err); /* no PCI paths: every active port is a rail */
+    }
+    if (frc == 0) frc = fabric_derive(node, &cfg, &fe, &err);
+    free(node);
+    if (frc != 0) {
+        fprintf(stderr, "strata-topo: %s\n", err.msg);
+        return 1;
+    }
+    for (int i = 0; i < fe.n_notes; i++)
+        if (!strncmp(fe.notes[i], "warning", 7)) fprintf(stderr, "strata-topo: %s\n", fe.notes[i]);
     if (nccl_env) {
-        int rc = output ? write_env_file(output, devs, n, &err) : topo_print_nccl_env(stdout, devs, n, &err);
+        int rc = output ? write_env_file(output, &fe, &err) : (fabric_env_print(stdout, &fe), 0);
         if (rc != 0) {
             fprintf(stderr, "strata-topo: %s\n", err.msg);
             return 1;
@@ -87,7 +139,7 @@ int main(int argc, char **argv)
         return 0;
     }
     topo_info t;
-    if (topo_detect(&t, &err) != 0 || topo_print(stdout, &t, devs, n, &err) != 0) {
+    if (topo_detect(&t, &err) != 0 || topo_print(stdout, &t, devs, n, &fe, &err) != 0) {
         fprintf(stderr, "strata-topo: %s\n", err.msg);
         return 1;
     }

@@ -86,7 +86,8 @@ static void print_numa_of(FILE *f, int numa)
     else fprintf(f, ", NUMA node unknown");
 }
 
-int topo_print(FILE *f, const topo_info *t, const rdma_device *devs, int n, st_err *err)
+int topo_print(FILE *f, const topo_info *t, const rdma_device *devs, int n, const fabric_env *fabric,
+               st_err *err)
 {
     fprintf(f, "cpus: %d logical CPUs, %d cores, %d package%s\n", t->n_pus, t->n_cores, t->n_packages,
             t->n_packages == 1 ? "" : "s");
@@ -112,25 +113,7 @@ int topo_print(FILE *f, const topo_info *t, const rdma_device *devs, int n, st_e
             print_numa_of(f, topo_hca_numa(t, devs[i].name));
             fputc('\n', f);
         }
-    fprintf(f, "nccl:\n");
-    return topo_print_nccl_env(f, devs, n, err);
-}
-
-int topo_print_nccl_env(FILE *f, const rdma_device *devs, int n, st_err *err)
-{
-    char hca[4096];
-    int gid = -1;
-    if (rdma_nccl_env(devs, n, hca, sizeof hca, &gid, err) != 0) return -1;
-    fprintf(f, "# NCCL_IB_* from strata-topo --nccl-env (ib/topo.h)\n");
-    if (n == 0) {
-        fprintf(f, "# no RDMA device: NCCL_IB_* left unset (NCCL uses its socket transport)\n");
-        return 0;
-    }
-    if (!hca[0]) {
-        fprintf(f, "# no active RDMA port: NCCL_IB_* left unset (NCCL uses its socket transport)\n");
-        return 0;
-    }
-    fprintf(f, "NCCL_IB_HCA==%s\n", hca);
-    if (gid >= 0) fprintf(f, "NCCL_IB_GID_INDEX=%d\n", gid);
+    fprintf(f, "fabric:\n");
+    fabric_env_print(f, fabric);
     return 0;
 }

@@ -1,7 +1,7 @@
 /* topo.h — the node's topology as deployment sees it: CPUs and NUMA nodes
  * (hwloc), NVIDIA GPUs and RDMA HCAs with the NUMA node they hang off (hwloc's
  * PCI / OS-device discovery), and the NCCL_IB_* environment derived from the
- * RDMA devices (rdma.h, ib/nccl_env.c). strata-topo (ib/strata_topo.c) prints
+ * RDMA devices (rdma.h, ib/fabric_env.h). strata-topo (ib/strata_topo.c) prints
  * it; the worker's systemd unit runs `strata-topo --nccl-env --output FILE`
  * and reads FILE as an EnvironmentFile (docs/deployment.md).
  *
@@ -15,6 +15,7 @@
 #include <stdio.h>
 
 #include "common/err.h"
+#include "ib/fabric_env.h"
 #include "ib/rdma.h"
 
 #define TOPO_MAX_NUMA 64
@@ -52,19 +53,8 @@ int topo_detect(topo_info *out, st_err *err);
 int topo_hca_numa(const topo_info *t, const char *name);
 
 /* Human-readable report: CPUs, NUMA nodes, GPUs, RDMA devices (devs, n from
- * rdma_list_devices) and the NCCL settings. 0, or -1 + err (rdma_nccl_env). */
-int topo_print(FILE *f, const topo_info *t, const rdma_device *devs, int n, st_err *err);
-
-/* The NCCL_IB_* settings for devs as KEY=VALUE lines, readable both by a POSIX
- * shell (`set -a; . FILE`) and by systemd's EnvironmentFile=:
- *   NCCL_IB_HCA==mlx5_0:1,mlx5_1:1   every active port; the leading '=' asks
- *                                    NCCL for exact names (without it
- *                                    "mlx5_1" also matches mlx5_10..19)
- *   NCCL_IB_GID_INDEX=3              only when a port is RoCE (its RoCE v2,
- *                                    IPv4-mapped GID)
- * With no device or no active port, only a '#' comment line saying so (NCCL
- * then uses its socket transport). The first line is a '#' comment naming the
- * tool. 0, or -1 + err when the HCA list does not fit 4 KiB. */
-int topo_print_nccl_env(FILE *f, const rdma_device *devs, int n, st_err *err);
+ * rdma_list_devices) and the fabric settings (fabric_env_print). 0. */
+int topo_print(FILE *f, const topo_info *t, const rdma_device *devs, int n, const fabric_env *fabric,
+               st_err *err);
 
 #endif

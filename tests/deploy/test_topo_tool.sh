@@ -24,15 +24,15 @@ check "one line per NUMA node" test "$(grep -c '^  node [0-9]*: [0-9]* CPUs (' "
 # RDMA devices as the kernel lists them.
 n_ib=$( (ls /sys/class/infiniband 2>/dev/null || true) | wc -l)
 "$topo" --nccl-env > "$tmp/env.stdout"
-check "--nccl-env first line names the tool" test "$(head -1 "$tmp/env.stdout")" = "# NCCL_IB_* from strata-topo --nccl-env (ib/topo.h)"
+check "--nccl-env first line names the tool" test "$(head -1 "$tmp/env.stdout")" = "# NCCL/UCX fabric settings from strata-topo --nccl-env (ib/fabric_env.h)"
 if [ "$n_ib" -eq 0 ]; then
   check "report: no RDMA device" grep -q "^rdma: no RDMA device" "$tmp/report"
   check "--nccl-env: only comments when there is no RDMA device" \
-    test "$(cat "$tmp/env.stdout")" = "$(printf '%s\n' '# NCCL_IB_* from strata-topo --nccl-env (ib/topo.h)' \
+    test "$(cat "$tmp/env.stdout")" = "$(printf '%s\n' '# NCCL/UCX fabric settings from strata-topo --nccl-env (ib/fabric_env.h)' \
       '# no RDMA device: NCCL_IB_* left unset (NCCL uses its socket transport)')"
 else
   check "report: $n_ib RDMA device(s)" grep -Eq "^rdma: $n_ib devices?$" "$tmp/report"
-  check "--nccl-env: KEY=VALUE or comment lines" bash -c "! grep -Ev '^(#.*|NCCL_IB_HCA==[^ ]+|NCCL_IB_GID_INDEX=[0-9]+)$' '$tmp/env.stdout'"
+  check "--nccl-env: KEY=VALUE or comment lines" bash -c "! grep -Ev '^(#.*|(NCCL|UCX)_[A-Z_]+=[^ ]+)$' '$tmp/env.stdout'"
 fi
 
 # --output: the same text, written through a .tmp file and renamed.
@@ -42,6 +42,24 @@ check "no .tmp file left" test ! -e "$tmp/nccl.env.tmp"
 # The file is what a shell with `set -a` and systemd both read: no stray lines.
 check "env file sources in sh" sh -c "set -a; . '$tmp/nccl.env'"
 
+# A sysfs fixture tree (--sysroot): a GPU and a RoCE HCA under one PCIe
+# switch; the policy flags reach the output.
+fx="$tmp/sysfs"
+gpu_dir="sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0"
+nic_dir="sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0"
+port="$fx/sys/class/infiniband/mlx5_0/ports/1"
+mkdir -p "$fx/$gpu_dir" "$fx/$nic_dir" "$fx/sys/bus/pci/devices" "$port/gids" "$port/gid_attrs/types" "$port/gid_attrs/ndevs"
+echo 0x10de > "$fx/$gpu_dir/vendor"; echo 0x030200 > "$fx/$gpu_dir/class"; echo 0 > "$fx/$gpu_dir/numa_node"
+ln -s "$fx/$gpu_dir" "$fx/sys/bus/pci/devices/0000:03:00.0"
+ln -s "$fx/$nic_dir" "$fx/sys/class/infiniband/mlx5_0/device"
+echo "4: ACTIVE" > "$port/state"; echo Ethernet > "$port/link_layer"
+echo 0000:0000:0000:0000:0000:ffff:0a00:0001 > "$port/gids/1"; echo "RoCE v2" > "$port/gid_attrs/types/1"
+echo eth2 > "$port/gid_attrs/ndevs/0"
+check "--sysroot: the derived settings" test "$("$topo" --nccl-env --sysroot "$fx" --ib-tc 106 --ib-sl 3)" = "$(printf '%s\n' \
+  '# NCCL/UCX fabric settings from strata-topo --nccl-env (ib/fabric_env.h)' 'NCCL_IB_HCA==mlx5_0:1' 'NCCL_IB_GID_INDEX=1' 'NCCL_NET_GDR_LEVEL=PIX' \
+  'NCCL_SOCKET_IFNAME==eth2' 'NCCL_IB_TC=106' 'NCCL_IB_SL=3' 'NCCL_IB_QPS_PER_CONNECTION=4' \
+  'UCX_NET_DEVICES=mlx5_0:1' 'UCX_IB_GID_INDEX=1' 'UCX_IB_TRAFFIC_CLASS=106')"
+
 # Errors: exit 2 for bad flags, 1 for an unwritable output, with a message.
 set +e
 "$topo" --bogus 2> "$tmp/err"; rc=$?
@@ -49,6 +67,10 @@ check "unknown flag: exit 2" test "$rc" -eq 2
 check "unknown flag: message" grep -q "^strata-topo: error: unknown or incomplete option '--bogus'" "$tmp/err"
 "$topo" --output "$tmp/x" 2> "$tmp/err"; rc=$?
 check "--output without --nccl-env: exit 2" test "$rc" -eq 2
+"$topo" --nccl-env --ib-tc 300 2> "$tmp/err"; rc=$?
+check "--ib-tc 300: exit 2" test "$rc" -eq 2
+"$topo" --nccl-env --ib-sl 16 2> "$tmp/err"; rc=$?
+check "--ib-sl 16: exit 2 with the range" test "$rc" -eq 2 -a -n "$(grep "'16' is not a number in 0..15" "$tmp/err")"
 "$topo" extra 2> "$tmp/err"; rc=$?
 check "stray argument: exit 2" test "$rc" -eq 2
 "$topo" --nccl-env --output "$tmp/no/such/dir/nccl.env" 2> "$tmp/err"; rc=$?
