@@ -82,6 +82,8 @@ class Cluster:
     def start(self, timeout=60):
         env = dict(os.environ)
         env.setdefault("UCX_TLS", "tcp")
+        if not any(st.get("netns") for st in self.stages):
+            env.setdefault("UCX_NET_DEVICES", "lo")  # loopback only (other tests may add bridges)
         env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
         self.env = env
         cfg = ["[cluster]", "model = %s" % self.model, "kv_blocks = %d" % self.kv_blocks]
