@@ -252,6 +252,8 @@ def mode_mtls(cl, args):
            absent=[sha[:8]])
     expect(lambda: evil.Heartbeat(pb.HeartbeatRequest(node="w-b", lease_id=before["w-b"].lease_id), timeout=5),
            grpc.StatusCode.PERMISSION_DENIED, ["may act only as node \"evil\""], "evil: Heartbeat as w-b with its lease")
+    expect(lambda: evil.Leave(pb.LeaveRequest(node="w-b", lease_id=before["w-b"].lease_id, reason="evil"), timeout=5),
+           grpc.StatusCode.PERMISSION_DENIED, ["may act only as node \"evil\""], "evil: Leave as w-b with its lease")
     bad_model = pb.RegisterRequest(node="evil", data_address="127.0.0.1:1",
                                    devices=[pb.Device(kind="cpu", count=1, memory_bytes=1 << 30)],
                                    host_memory_bytes=1 << 30,
