@@ -87,7 +87,8 @@ static void usage(FILE *f) {
             "  --idle-timeout S    seconds a keep-alive connection may wait between requests (60)\n"
             "  --max-requests-per-key N  completions queued + running per key; 0 = no limit (128)\n"
             "  --cluster-key-file FILE  data-plane key shared with the workers (overrides [cluster]\n"
-            "                      cluster_key_file; owner-only file; docs/security.md)\n"
+            "                      cluster_key_file; default $STRATA_CLUSTER_KEY_FILE; owner-only\n"
+            "                      file; docs/security.md)\n"
             "live mode (workers register; docs/control-api.md):\n"
             "  --live              the config lists no stages; placement is automatic / via gRPC\n"
             "  --grpc-listen H:P   gRPC control API address (127.0.0.1:7070)\n"
@@ -482,9 +483,10 @@ static int run(const coord_opts *o) {
         return 1;
     }
     if (o->no_prefix_caching) cfg.prefix_caching = false;
-    if (o->cluster_key_file) {
+    const char *key_file = o->cluster_key_file ? o->cluster_key_file : getenv("STRATA_CLUSTER_KEY_FILE");
+    if (key_file) { /* the flag, else the environment, overrides the config; "" = none */
         free(cfg.cluster_key_file);
-        cfg.cluster_key_file = strdup(o->cluster_key_file);
+        cfg.cluster_key_file = *key_file ? strdup(key_file) : NULL;
     }
     if (cluster_check_key(&cfg, &err) != 0) {
         fprintf(stderr, "strata-coordinator: cluster key: %s\n", err.msg);

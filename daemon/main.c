@@ -99,7 +99,8 @@ static void usage(FILE *f)
             "  --grpc-cert FILE    this node's certificate, CN node:NAME (default $STRATA_CERT)\n"
             "  --grpc-key FILE     its private key (default $STRATA_KEY); docs/security.md\n"
             "  --version           print the version, git commit and build type\n"
-            "  --cluster-key-file FILE  data-plane key (owner-only file; docs/security.md)\n"
+            "  --cluster-key-file FILE  data-plane key (owner-only file; default $STRATA_CLUSTER_KEY_FILE;\n"
+            "                      empty: none; docs/security.md)\n"
             "  --insecure          allow a non-loopback --listen without a cluster key (logs a warning)\n");
 }
 
@@ -343,7 +344,8 @@ static int run(const struct worker_cli *o)
     }
     st_err err;
     cluster_key *key = NULL;
-    if (o->key_file && !(key = cluster_key_load(o->key_file, &err))) {
+    const char *key_file = o->key_file ? o->key_file : getenv("STRATA_CLUSTER_KEY_FILE"); /* "": none */
+    if (key_file && *key_file && !(key = cluster_key_load(key_file, &err))) {
         fprintf(stderr, "strata-worker: error: --cluster-key-file: %s\n", err.msg);
         event_base_free(base);
         return 1;
@@ -371,7 +373,7 @@ static int run(const struct worker_cli *o)
         event_base_free(base);
         return 1;
     }
-    if (key) ST_INFO("worker: data plane authenticated with the cluster key from %s", o->key_file);
+    if (key) ST_INFO("worker: data plane authenticated with the cluster key from %s", key_file);
     int rc = 1;
     struct load_tick tick = {w, NULL, NULL, NULL, base};
     struct event *sig_term = evsignal_new(base, SIGTERM, on_signal, &tick);

@@ -131,6 +131,12 @@ check "coord: coordinator certificate and key, operator certificate: mode 0600" 
   "$(stat -c %a "$c"/etc/strata/tls/{ca.pem,coordinator.pem,coordinator.key,operator.pem,operator.key} | sort -u)" = 600
 check "coord: the operator certificate is operator-ansible's" cmp -s "$ca/operator-ansible.pem" "$c/etc/strata/tls/operator.pem"
 check "coord: no node certificate" test ! -e "$c/etc/strata/tls/node.pem"
+check "the controller's data-plane cluster key was made (mode 600)" test "$(stat -c %a "$ca/cluster.key")" = 600
+for h in coord w1 w2; do
+  check "$h: the cluster key, mode 600" bash -c "cmp -s '$ca/cluster.key' '$tmp/root/$h/etc/strata/tls/cluster.key' && [ \$(stat -c %a '$tmp/root/$h/etc/strata/tls/cluster.key') = 600 ]"
+done
+check "coord: env STRATA_CLUSTER_KEY_FILE" grep -qx "STRATA_CLUSTER_KEY_FILE=/etc/strata/tls/cluster.key" "$c/etc/strata/strata-coordinator.env"
+check "w1: env STRATA_CLUSTER_KEY_FILE" grep -qx "STRATA_CLUSTER_KEY_FILE=/etc/strata/tls/cluster.key" "$tmp/root/w1/etc/strata/strata-worker.env"
 for h in w1 w2; do
   check "$h: its node certificate" cmp -s "$ca/node-$h.pem" "$tmp/root/$h/etc/strata/tls/node.pem"
   check "$h: CA, node certificate and key mode 0600" test \
