@@ -115,4 +115,36 @@ int cluster_key_verify(const cluster_key *k, enum cluster_key_use use, const voi
     return found;
 }
 
+/* The bytes a handshake proof covers (cluster_key.h); their length. */
+static size_t transcript(char dir, uint8_t role_c, uint8_t role_s, const uint8_t *ns, const uint8_t *nc,
+                         uint8_t *buf)
+{
+    static const char label[] = "strata/v1 data-plane handshake";
+    size_t n = sizeof label;
+    memcpy(buf, label, sizeof label);
+    buf[n++] = (uint8_t)dir;
+    buf[n++] = role_c;
+    buf[n++] = role_s;
+    memcpy(buf + n, ns, CLUSTER_NONCE_LEN);
+    n += CLUSTER_NONCE_LEN;
+    memcpy(buf + n, nc, CLUSTER_NONCE_LEN);
+    return n + CLUSTER_NONCE_LEN;
+}
+#define TRANSCRIPT_MAX (32 + 3 + 2 * CLUSTER_NONCE_LEN)
+
+int cluster_handshake_proof(const cluster_key *k, int idx, char dir, uint8_t role_c, uint8_t role_s,
+                            const uint8_t *ns, const uint8_t *nc, uint8_t out[CLUSTER_MAC_LEN])
+{
+    uint8_t t[TRANSCRIPT_MAX];
+    return cluster_key_mac(k, idx, CLUSTER_KEY_HANDSHAKE, t, transcript(dir, role_c, role_s, ns, nc, t), out);
+}
+
+int cluster_handshake_verify(const cluster_key *k, char dir, uint8_t role_c, uint8_t role_s, const uint8_t *ns,
+                             const uint8_t *nc, const uint8_t *mac)
+{
+    uint8_t t[TRANSCRIPT_MAX];
+    return cluster_key_verify(k, CLUSTER_KEY_HANDSHAKE, t, transcript(dir, role_c, role_s, ns, nc, t), mac,
+                              CLUSTER_MAC_LEN);
+}
+
 int cluster_random(void *buf, size_t n) { return RAND_bytes(buf, (int)n) == 1 ? 0 : -1; }

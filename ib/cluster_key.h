@@ -53,6 +53,18 @@ int cluster_key_mac(const cluster_key *k, int idx, enum cluster_key_use use, con
 int cluster_key_verify(const cluster_key *k, enum cluster_key_use use, const void *msg, size_t len,
                        const uint8_t *mac, size_t mac_len);
 
+/* The handshake's proofs (ib/transport.h, docs/protocol.md "Handshake"):
+ * HMAC under the handshake key of "strata/v1 data-plane handshake\0" || dir
+ * || role_c || role_s || ns || nc, where dir is 'C' for the connecting side's
+ * proof and 'S' for the listener's, role_c / role_s the roles the two sides
+ * claim and ns / nc their CLUSTER_NONCE_LEN-byte nonces. A proof made for one
+ * direction, other roles or other nonces does not verify: a reflected or
+ * replayed answer fails. proof: 0 or -1; verify: the key index or -1. */
+int cluster_handshake_proof(const cluster_key *k, int idx, char dir, uint8_t role_c, uint8_t role_s,
+                            const uint8_t *ns, const uint8_t *nc, uint8_t out[CLUSTER_MAC_LEN]);
+int cluster_handshake_verify(const cluster_key *k, char dir, uint8_t role_c, uint8_t role_s, const uint8_t *ns,
+                             const uint8_t *nc, const uint8_t *mac);
+
 /* n cryptographically random bytes (RAND_bytes). 0 or -1. */
 int cluster_random(void *buf, size_t n);
 

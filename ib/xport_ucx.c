@@ -1047,24 +1047,6 @@ oom:
 
 /* ---- handshake (docs/protocol.md, "Handshake") ---- */
 
-/* The MAC of one direction: dir 'C' (the client's proof) or 'S' (the
- * server's), over both roles and both nonces, under key idx. */
-static int auth_transcript(char dir, uint8_t role_c, uint8_t role_s, const uint8_t *ns, const uint8_t *nc,
-                           uint8_t *buf)
-{
-    static const char label[] = "strata/v1 data-plane handshake";
-    size_t n = 0;
-    memcpy(buf, label, sizeof label);
-    n += sizeof label;
-    buf[n++] = (uint8_t)dir;
-    buf[n++] = role_c;
-    buf[n++] = role_s;
-    memcpy(buf + n, ns, CLUSTER_NONCE_LEN);
-    n += CLUSTER_NONCE_LEN;
-    memcpy(buf + n, nc, CLUSTER_NONCE_LEN);
-    return (int)(n + CLUSTER_NONCE_LEN);
-}
-#define AUTH_TRANSCRIPT_MAX 128
 
 static void auth_send(xport_peer *p, enum auth_type type, const uint8_t *nonce, const uint8_t *mac)
 {
@@ -1117,7 +1099,7 @@ static bool auth_step(xport *x, xport_peer *p)
     const uint8_t *m = p->auth_in;
     uint8_t type = m[4], role = m[5];
     const uint8_t *nonce = m + 8, *mac = m + 8 + CLUSTER_NONCE_LEN;
-    uint8_t tr[AUTH_TRANSCRIPT_MAX], mine[CLUSTER_MAC_LEN];
+    uint8_t mine[CLUSTER_MAC_LEN];
     if (p->auth == AUTH_OFF) {
         if (!p->inbound && type == AUTH_CHALLENGE) {
             x->stats.auth_failures++;
@@ -1133,7 +1115,7 @@ static bool auth_step(xport *x, xport_peer *p)
         auth_fail(p, "handshake with an unknown role");
         return true;
     }
-    int n, idx;
+    int idx;
     switch (p->auth) {
     case AUTH_WAIT_CHALLENGE:
         if (type != AUTH_CHALLENGE) break;
@@ -1143,8 +1125,7 @@ static bool auth_step(xport *x, xport_peer *p)
             return true;
         }
         p->role = (enum xport_role)role;
-        n = auth_transcript('C', (uint8_t)x->role, role, p->ns, p->nc, tr);
-        if (cluster_key_mac(x->key, 0, CLUSTER_KEY_HANDSHAKE, tr, (size_t)n, mine)) {
+        if (cluster_handshake_proof(x->key, 0, 'C', (uint8_t)x->role, role, p->ns, p->nc, mine)) {
             auth_fail(p, "HMAC failed (libcrypto)");
             return true;
         }
@@ -1154,8 +1135,7 @@ static bool auth_step(xport *x, xport_peer *p)
     case AUTH_WAIT_RESPONSE:
         if (type != AUTH_RESPONSE) break;
         memcpy(p->nc, nonce, CLUSTER_NONCE_LEN);
-        n = auth_transcript('C', role, (uint8_t)x->role, p->ns, p->nc, tr);
-        idx = cluster_key_verify(x->key, CLUSTER_KEY_HANDSHAKE, tr, (size_t)n, mac, CLUSTER_MAC_LEN);
+        idx = cluster_handshake_verify(x->key, 'C', role, (uint8_t)x->role, p->ns, p->nc, mac);
         if (idx < 0) { /* tell it (its operator sees why); disconnected when it leaves, or at on_auth_tick */
             auth_fail_note(p, "its proof does not match the cluster key (a different key, or none)");
             p->auth_deadline = st_now_s() + 1.0;
@@ -1163,8 +1143,7 @@ static bool auth_step(xport *x, xport_peer *p)
             return true;
         }
         p->role = (enum xport_role)role;
-        n = auth_transcript('S', role, (uint8_t)x->role, p->ns, p->nc, tr);
-        if (cluster_key_mac(x->key, idx, CLUSTER_KEY_HANDSHAKE, tr, (size_t)n, mine)) {
+        if (cluster_handshake_proof(x->key, idx, 'S', role, (uint8_t)x->role, p->ns, p->nc, mine)) {
             auth_fail(p, "HMAC failed (libcrypto)");
             return true;
         }
@@ -1180,8 +1159,7 @@ static bool auth_step(xport *x, xport_peer *p)
             return true;
         }
         if (type != AUTH_CONFIRM) break;
-        n = auth_transcript('S', (uint8_t)x->role, (uint8_t)p->role, p->ns, p->nc, tr);
-        if (cluster_key_verify(x->key, CLUSTER_KEY_HANDSHAKE, tr, (size_t)n, mac, CLUSTER_MAC_LEN) < 0) {
+        if (cluster_handshake_verify(x->key, 'S', (uint8_t)x->role, (uint8_t)p->role, p->ns, p->nc, mac) < 0) {
             auth_fail(p, "the peer did not prove the cluster key");
             return true;
         }

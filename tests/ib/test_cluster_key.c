@@ -66,6 +66,36 @@ static void test_macs(void)
     cluster_key_free(other);
 }
 
+/* The handshake proofs: a reflected proof (the other direction), a replay
+ * under a fresh nonce, swapped roles and another key all fail. */
+static void test_handshake(void)
+{
+    st_err err;
+    cluster_key *k = cluster_key_parse(K1 "\n", "k", &err);
+    cluster_key *rot = cluster_key_parse(K2 "\n" K1 "\n", "rot", &err);
+    cluster_key *other = cluster_key_parse(K2 "\n", "other", &err);
+    REQUIRE(k && rot && other);
+    uint8_t ns[CLUSTER_NONCE_LEN], nc[CLUSTER_NONCE_LEN], ns2[CLUSTER_NONCE_LEN];
+    REQUIRE(cluster_random(ns, sizeof ns) == 0 && cluster_random(nc, sizeof nc) == 0 &&
+            cluster_random(ns2, sizeof ns2) == 0);
+    const uint8_t C = 1, S = 2; /* coordinator connects to a stage */
+    uint8_t mc[CLUSTER_MAC_LEN], ms[CLUSTER_MAC_LEN];
+    REQUIRE(cluster_handshake_proof(k, 0, 'C', C, S, ns, nc, mc) == 0);
+    REQUIRE(cluster_handshake_proof(k, 0, 'S', C, S, ns, nc, ms) == 0);
+    CHECK_EQ_INT(cluster_handshake_verify(k, 'C', C, S, ns, nc, mc), 0);
+    CHECK_EQ_INT(cluster_handshake_verify(k, 'S', C, S, ns, nc, ms), 0);
+    CHECK_EQ_INT(cluster_handshake_verify(k, 'S', C, S, ns, nc, mc), -1); /* reflected */
+    CHECK_EQ_INT(cluster_handshake_verify(k, 'C', C, S, ns, nc, ms), -1);
+    CHECK_EQ_INT(cluster_handshake_verify(k, 'C', C, S, ns2, nc, mc), -1); /* replayed to a new challenge */
+    CHECK_EQ_INT(cluster_handshake_verify(k, 'C', S, C, ns, nc, mc), -1); /* roles swapped */
+    CHECK_EQ_INT(cluster_handshake_verify(k, 'C', S, S, ns, nc, mc), -1); /* a stage claiming another role */
+    CHECK_EQ_INT(cluster_handshake_verify(other, 'C', C, S, ns, nc, mc), -1);
+    CHECK_EQ_INT(cluster_handshake_verify(rot, 'C', C, S, ns, nc, mc), 1); /* the previous key, rotating */
+    cluster_key_free(k);
+    cluster_key_free(rot);
+    cluster_key_free(other);
+}
+
 static void test_token(void)
 {
     st_err err;
@@ -148,6 +178,7 @@ int main(void)
 {
     test_parse();
     test_macs();
+    test_handshake();
     test_token();
     test_files();
     return test_summary();
