@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/sha256.h"
+#include "common/version.h"
 #include "coordinator/control/authz.h"
 #include "coordinator/control/control_internal.h"
 #include "coordinator/control/state_file.h"
@@ -342,7 +343,10 @@ static void h_heartbeat(rpc_call *c, const rpc_request *req, void *ud) {
 static void h_status(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_service *s = ud;
     Strata__V1__GetStatusReply out = STRATA__V1__GET_STATUS_REPLY__INIT;
-    out.version = "strata-coordinator 0.1 (live)";
+    char version[128]; /* common/version.h: the same words as --version and GET /version */
+    snprintf(version, sizeof version, "strata-coordinator %s (commit %s, %s build; live)", st_version(),
+             st_git_commit(), st_build_type());
+    out.version = version;
     out.model = s->model_file;
     out.n_layers = (uint32_t)s->pm.n_layers;
     out.placement_epoch = s->cur ? s->cur->pl.epoch : 0;
