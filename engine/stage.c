@@ -1,7 +1,8 @@
 /* stage.c — a pipeline stage: loads its layers' Megatron shards on t rank
  * threads (one backend, pool and comm rank each) and runs the forward pass of
- * a micro-batch on them. Backend "cpu" (shared-memory comm group) or "cuda"
- * (rank r on GPU r, NCCL comm; only when built with STRATA_CUDA). See stage.h for the data flow and the collective
+ * a micro-batch on them. The backend comes from compute/registry.h: "cpu"
+ * (shared-memory comm group) or "cuda" (rank r on GPU r, NCCL comm; the
+ * libstrata-cuda.so module, loaded at run time). See stage.h for the data flow and the collective
  * counts. */
 #include "engine/stage.h"
 
@@ -16,10 +17,7 @@
 #include "compute/backend.h"
 #include "compute/comm.h"
 #include "compute/cpu/threadpool.h"
-#ifdef STRATA_HAVE_CUDA
-#include "compute/cuda/backend_cuda.h"
-#include "compute/cuda/comm_nccl.h"
-#endif
+#include "compute/registry.h"
 #include "model/gguf.h"
 #include "model/shard.h"
 
@@ -72,9 +70,9 @@ struct stage {
     llama_config cfg;
     gguf_file *f;
     int first, last, tp;
-    comm_cpu_group *group;
-    struct comm_nccl_group *nccl; /* backend "cuda": one NCCL rank per GPU */
-    int cuda;                     /* backend "cuda" (else "cpu") */
+    const backend_module *bm; /* the backend (compute/registry.h) */
+    backend_group *group;     /* its TP group: shared memory ("cpu"), NCCL ("cuda") */
+    int cuda;                 /* buffers are device memory (bm->device_memory) */
     rank_ctx *ranks;
     float *rope_ff; /* host [n_rot/2] or NULL */
     /* rank thread control */
@@ -482,10 +480,7 @@ static void rank_forward(rank_ctx *rc) {
 
 /* The rank's backend: a CUDA backend on its NCCL rank's GPU, or the CPU one. */
 static backend *rank_backend(rank_ctx *rc, st_err *err) {
-#ifdef STRATA_HAVE_CUDA
-    if (rc->s->cuda) return backend_cuda_new(comm_nccl_device(rc->c), err);
-#endif
-    return backend_cpu_new(rc->n_threads, err);
+    return rc->s->bm->backend_new(rc->rank, rc->n_threads, err);
 }
 
 static void *rank_main(void *arg) {
@@ -610,10 +605,7 @@ void stage_close(stage *s) {
         for (int r = 0; r < s->tp; r++) rank_release(&s->ranks[r]);
         free(s->ranks);
     }
-    if (s->group) comm_cpu_group_free(s->group);
-#ifdef STRATA_HAVE_CUDA
-    if (s->nccl) comm_nccl_group_free(s->nccl);
-#endif
+    if (s->group) s->bm->group_free(s->group);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_go);
     pthread_cond_destroy(&s->cv_done);
@@ -632,26 +624,22 @@ stage *stage_open(const stage_params *pin, st_err *err) {
         st_errf(err, "stage: no model path");
         return NULL;
     }
-    const bool want_cuda = pin->backend && strcmp(pin->backend, "cuda") == 0;
-    if (pin->backend && strcmp(pin->backend, "cpu") != 0 && !want_cuda) {
-        st_errf(err, "stage: backend '%s' is not available ('cpu' or 'cuda')", pin->backend);
+    st_err be_err;
+    const backend_module *bm = backend_registry_get(pin->backend, &be_err);
+    if (!bm) {
+        st_errf(err, "stage: %s", be_err.msg);
         return NULL;
     }
-    if (want_cuda) {
-#ifdef STRATA_HAVE_CUDA
-        int n_dev = backend_cuda_device_count();
+    if (bm->device_memory) {
+        int n_dev = bm->device_count();
         if (n_dev == 0) {
-            st_errf(err, "stage: backend cuda: no CUDA device");
+            st_errf(err, "stage: backend %s: no CUDA device", bm->name);
             return NULL;
         }
         if (pin->tp > n_dev) {
-            st_errf(err, "stage: backend cuda: TP %d needs one device per rank, %d visible", pin->tp, n_dev);
+            st_errf(err, "stage: backend %s: TP %d needs one device per rank, %d visible", bm->name, pin->tp, n_dev);
             return NULL;
         }
-#else
-        st_errf(err, "stage: backend cuda: not built with CUDA");
-        return NULL;
-#endif
     }
     stage *s = calloc(1, sizeof *s);
     if (!s) {
@@ -662,7 +650,8 @@ stage *stage_open(const stage_params *pin, st_err *err) {
     pthread_cond_init(&s->cv_go, NULL);
     pthread_cond_init(&s->cv_done, NULL);
     s->p = *pin;
-    s->cuda = want_cuda;
+    s->bm = bm;
+    s->cuda = bm->device_memory;
     if (s->p.block_size == 0) s->p.block_size = 16;
     if (s->p.kv_type != GGML_TYPE_F32 && s->p.kv_type != GGML_TYPE_F16) {
         st_errf(err, "stage: KV cache type %s is not supported (f32 or f16)", ggml_type_name(s->p.kv_type));
@@ -715,17 +704,9 @@ stage *stage_open(const stage_params *pin, st_err *err) {
         if (rc->n_threads < 1) rc->n_threads = 1;
         s->load_total += plan_bytes(s, &rc->plan);
     }
-    if (s->cuda) {
-#ifdef STRATA_HAVE_CUDA
-        s->nccl = comm_nccl_group_new(s->tp, err);
-        if (!s->nccl) goto fail;
-        for (int r = 0; r < s->tp; r++) s->ranks[r].c = comm_nccl_rank(s->nccl, r);
-#endif
-    } else {
-        s->group = comm_cpu_group_new(s->tp, err);
-        if (!s->group) goto fail;
-        for (int r = 0; r < s->tp; r++) s->ranks[r].c = comm_cpu_rank(s->group, r);
-    }
+    s->group = bm->group_new(s->tp, err);
+    if (!s->group) goto fail;
+    for (int r = 0; r < s->tp; r++) s->ranks[r].c = bm->group_rank(s->group, r);
     for (int r = 0; r < s->tp; r++) {
         if (pthread_create(&s->ranks[r].thread, NULL, rank_main, &s->ranks[r]) != 0) {
             st_errf(err, "stage: cannot start rank thread %d", r);
