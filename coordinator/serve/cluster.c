@@ -84,6 +84,7 @@ typedef struct stage_link {
     place_range range;
     xport_peer *peer;
     enum link_state state;
+    char last_error[160];     /* why the last connection failed (the start-up deadline's message) */
     int kv_blocks;
     /* latest StageStats */
     bool have_stats;
@@ -980,6 +981,7 @@ static void x_on_disconnect(xport_peer *peer, const char *reason, void *ud) {
     stage_link *l = xport_peer_user(peer);
     if (!l || l->peer != peer) return;
     l->peer = NULL;
+    snprintf(l->last_error, sizeof l->last_error, "%s", reason ? reason : "?");
     if (c->ready && !c->lost) {
         char msg[ST_ERR_MSG_MAX];
         snprintf(msg, sizeof msg, "stage %d at %s:%d was lost (%s)", l->index, l->host, l->port,
@@ -1049,9 +1051,9 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     for (int i = 0; i < c->n_stages; i++) {
         stage_link *l = &c->links[i];
         if (l->state == LINK_READY) continue;
-        fatal(c, "stage %d at %s:%d is %s after %.0f s", i, l->host, l->port,
-              l->state == LINK_ASSIGNED ? "connected but not ready" : "unreachable",
-              c->ready_timeout_s);
+        fatal(c, "stage %d at %s:%d is %s after %.0f s%s%s%s", i, l->host, l->port,
+              l->state == LINK_ASSIGNED ? "connected but not ready" : "unreachable", c->ready_timeout_s,
+              l->last_error[0] ? " (last: " : "", l->last_error, l->last_error[0] ? ")" : "");
         return;
     }
 }

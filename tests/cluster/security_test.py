@@ -25,7 +25,8 @@ MODE
             sooner than the slow load would take, and the slow one never
             answers; SIGTERM during another slow load stops the worker within
             2 s
-  exposure  start-up rules: a non-loopback data-plane listen without a key
+  exposure  start-up rules: a coordinator with another key, or none, stops
+            naming the cause; a non-loopback data-plane listen without a key
             refuses to start (exit 1, message naming --insecure), with
             --insecure it starts and warns; a key file readable by others is
             refused by the worker and by the coordinator; a short key too
@@ -322,6 +323,22 @@ def mode_exposure(args):
                 check("without credentials (--insecure)" in read(logp), "--insecure logs a warning")
         finally:
             stop(p)
+    # A coordinator whose key differs from the worker's: it names the cause.
+    wrong = write_key(os.path.join(tmp, "wrong.key"), WRONG)
+    mdir = os.path.join(args.shared, "models")
+    p, wport, wlog, ok = start_worker(args, tmp, "wk", ["--model-dir", mdir, "--cluster-key-file", key])
+    try:
+        cfg = os.path.join(tmp, "k.ini")
+        with open(cfg, "w") as f:
+            f.write("[cluster]\nmodel = %s\n[stage.0]\naddress = 127.0.0.1:%d\n"
+                    % (os.path.join(mdir, "stories260K.gguf"), wport))
+        for k, want in ((wrong, "the cluster keys differ"), (None, "requires the cluster key")):
+            rc, out = run([args.coordinator, "--config", cfg, "--listen", "127.0.0.1:%d" % free_port(),
+                           "--ready-timeout", "3"] + (["--cluster-key-file", k] if k else []))
+            check(rc == 1 and want in out, "a coordinator %s stops naming it: %s"
+                  % ("with another key" if k else "without the key", out.strip().splitlines()[-1][-200:]))
+    finally:
+        stop(p)
     cfg = os.path.join(tmp, "c.ini")
     with open(cfg, "w") as f:
         f.write("[cluster]\nmodel = %s\ncluster_key_file = %s\n[stage.0]\naddress = 127.0.0.1:1\n"
