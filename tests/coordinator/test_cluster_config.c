@@ -35,10 +35,31 @@ static void test_prefix_caching_key(void) {
                  "c.ini:3: [cluster]: prefix_caching = 'maybe': expected true or false");
 }
 
+/* worker_model and cluster_key_file (docs/security.md, data plane). */
+static void test_data_plane_keys(void) {
+    coord_config c;
+    st_err e;
+    REQUIRE_MSG(parse("[cluster]\nmodel = /m/x.gguf\nworker_model = sub/x.gguf\ncluster_key_file = /etc/k\n"
+                      "[stage.0]\naddress = 1.2.3.4:5\n", &c, &e) == 0, "%s", e.msg);
+    CHECK(c.worker_model && !strcmp(c.worker_model, "sub/x.gguf"));
+    CHECK(c.cluster_key_file && !strcmp(c.cluster_key_file, "/etc/k"));
+    coord_config_free(&c);
+    REQUIRE(parse("[cluster]\nmodel = /m/x.gguf\n[stage.0]\naddress = 1.2.3.4:5\n", &c, &e) == 0);
+    CHECK(!c.worker_model && !c.cluster_key_file);
+    coord_config_free(&c);
+    expect_error("[cluster]\nmodel = m\nworker_model = /abs/x.gguf\n[stage.0]\naddress=a:1\n",
+                 "c.ini:3: [cluster]: worker_model must be a relative path");
+    expect_error("[cluster]\nmodel = m\nworker_model = a/../../x.gguf\n[stage.0]\naddress=a:1\n",
+                 "c.ini:3: [cluster]: worker_model must not contain '..'");
+    expect_error("[cluster]\nmodel = m\ncluster_key_file =\n[stage.0]\naddress=a:1\n",
+                 "cluster_key_file must not be empty");
+}
+
 int main(void) {
     coord_config c;
     st_err e;
     test_prefix_caching_key();
+    test_data_plane_keys();
     const char *full =
         "; PP 2 x TP 2\n"
         "[cluster]\n"
