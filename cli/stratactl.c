@@ -4,7 +4,7 @@
  *
  *   stratactl [--addr HOST:PORT] [--json] [--timeout S] [--ca F --cert F --key F] COMMAND
  *     status | nodes | placement show | placement set --stages a:0-2,b:3-4
- *     placement auto [--dry-run] | drain NODE [--wait] | undrain NODE
+ *     placement auto [--dry-run] | drain NODE [--wait] | undrain NODE | node remove NODE
  *     generate PROMPT [--max-tokens N]
  *   stratactl --version
  *
@@ -54,6 +54,8 @@ static const char usage_text[] =
     "  drain NODE [--wait]                   no new work on NODE; its stages move away; --wait: until\n"
     "                                        NODE holds no stage and no sequence (like kubectl drain)\n"
     "  undrain NODE                          a drained NODE is ready again (for the next placement change)\n"
+    "  node remove NODE                      forget NODE's record (not while it holds a stage: drain it\n"
+    "                                        first); if it still runs, it registers again as a new node\n"
     "  generate PROMPT [--max-tokens N]      stream generated text\n"
     "options:\n"
     "  --addr HOST[:PORT] coordinator gRPC control address, port 7070 when left out\n"
@@ -578,6 +580,22 @@ static int cmd_drain(rpc_client *c, const opts *o, const char *method) {
     return o->wait && !strcmp(method, "Drain") ? wait_drained(c, o, o->words[1]) : EXIT_OK;
 }
 
+/* node remove NODE (method "RemoveNode"). */
+static int cmd_node_remove(rpc_client *c, const opts *o) {
+    Strata__V1__RemoveNodeRequest req = STRATA__V1__REMOVE_NODE_REQUEST__INIT;
+    req.node = (char *)o->words[2];
+    Strata__V1__RemoveNodeReply *r = NULL;
+    int rc = unary(c, o, "RemoveNode", &req.base, &strata__v1__remove_node_reply__descriptor,
+                   (ProtobufCMessage **)&r);
+    if (rc) return rc;
+    if (o->json) print_json(&r->base);
+    else
+        printf("%s: removed (it was %s)\n", r->node,
+               r->was ? state_name(r->was) : "known from the coordinator's state only");
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    return EXIT_OK;
+}
+
 typedef struct gen_state {
     const opts *o;
     int bad;
@@ -719,6 +737,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (!strcmp(cmd, "placement")) want_max = 2;
     else if (!strcmp(cmd, "drain") || !strcmp(cmd, "undrain") || !strcmp(cmd, "generate"))
         want_min = want_max = 2;
+    else if (!strcmp(cmd, "node"))
+        want_min = want_max = 3;
     else if (strcmp(cmd, "status") && strcmp(cmd, "nodes"))
         return usage_error("unknown command \"%s\"", cmd);
     if (o->n_words < want_min)
@@ -726,6 +746,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (o->n_words > want_max) return usage_error("too many arguments for %s", cmd);
     if (!strcmp(cmd, "generate") && !o->words[1][0])
         return usage_error("%s", "generate needs a non-empty PROMPT");
+    if (!strcmp(cmd, "node") && strcmp(o->words[1], "remove"))
+        return usage_error("unknown command \"node %s\" (node remove NODE)", o->words[1]);
     if (o->wait && strcmp(cmd, "drain")) return usage_error("%s", "--wait goes with drain only");
     return normalize_addr(o);
 }
@@ -766,6 +788,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(cmd, "placement")) rc = cmd_placement(c, &o);
     else if (!strcmp(cmd, "drain")) rc = cmd_drain(c, &o, "Drain");
     else if (!strcmp(cmd, "undrain")) rc = cmd_drain(c, &o, "Undrain");
+    else if (!strcmp(cmd, "node")) rc = cmd_node_remove(c, &o);
     else rc = cmd_generate(c, &o);
     rpc_client_destroy(c);
     return rc;

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/exposure.h"
@@ -100,6 +101,7 @@ static void usage(FILE *f) {
             "  --heartbeat-ms N    worker heartbeat interval (1000)\n"
             "  --dead-after-ms N   no heartbeat this long: the node is dead (10000)\n"
             "  --min-workers N     first automatic placement once N workers registered (1)\n"
+            "  --dead-node-expiry S  remove a dead node's record after S seconds (0: never; 0)\n"
             "  --recovery-timeout S  after a lost stage, hold requests this long for a new placement\n"
             "                      (static mode too: for the stage's worker to come back)\n"
             "                      (60; overrides [cluster] recovery_timeout; docs/recovery.md)\n");
@@ -118,6 +120,7 @@ typedef struct coord_opts {
     const char *grpc_ca, *grpc_cert, *grpc_key; /* NULL: the config's */
     bool insecure;
     long heartbeat_ms, dead_after_ms, min_workers;
+    double dead_node_expiry; /* s; 0 = never */
     /* HTTP API security: NULL / < 0 = the config's */
     const char *api_key_file, *tls_cert, *tls_key;
     bool protect_metrics;
@@ -136,6 +139,7 @@ enum {
     OPT_BODY_TIMEOUT,
     OPT_IDLE_TIMEOUT,
     OPT_MAX_REQUESTS_PER_KEY,
+    OPT_DEAD_NODE_EXPIRY,
 };
 
 /* A number in (lo, hi] from optarg, or -1 after a message. */
@@ -173,6 +177,7 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                                           {"heartbeat-ms", required_argument, NULL, 'H'},
                                           {"dead-after-ms", required_argument, NULL, 'D'},
                                           {"min-workers", required_argument, NULL, 'm'},
+                                          {"dead-node-expiry", required_argument, NULL, OPT_DEAD_NODE_EXPIRY},
                                           {"listen", required_argument, NULL, 'l'},
                                           {"ready-timeout", required_argument, NULL, 't'},
                                           {"recovery-timeout", required_argument, NULL, 'R'},
@@ -276,6 +281,9 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
             if (opt_number("idle-timeout", optarg, 0, 86400, &o->idle_timeout) != 0) return 2;
             break;
         case OPT_MAX_CONNECTIONS:
+        case OPT_DEAD_NODE_EXPIRY:
+            if (opt_number("dead-node-expiry", optarg, -1, 365 * 86400.0, &o->dead_node_expiry) != 0) return 2;
+            break;
         case OPT_MAX_REQUESTS_PER_KEY: {
             double v;
             bool conns = c == OPT_MAX_CONNECTIONS;
@@ -371,6 +379,7 @@ static int start_engine(struct event_base *base, const coord_opts *o, coord_conf
                        .suspect_missed = 3,
                        .dead_after_ms = (uint32_t)o->dead_after_ms,
                        .min_workers = (int)o->min_workers,
+                       .dead_node_expiry_s = o->dead_node_expiry,
                        .ready_timeout_s = o->ready_timeout,
                        .recovery_timeout_s = o->recovery_timeout > 0 ? o->recovery_timeout
                                                                      : cfg->recovery_timeout_s};
@@ -472,8 +481,22 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg) {
 }
 
 /* Everything after the command line; returns the exit status. */
+/* One gRPC connection per worker: a fleet needs more descriptors than the
+ * usual soft limit of 1024. The unit raises it (LimitNOFILE); a manual start
+ * gets the hard limit here. */
+static void raise_fd_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+        ST_INFO("coordinator: open-file limit raised from %llu to %llu", (unsigned long long)was,
+                (unsigned long long)rl.rlim_max);
+}
+
 static int run(const coord_opts *o) {
     st_log_set_tag("strata-coordinator"); /* SYSLOG_IDENTIFIER (docs/logging.md) */
+    raise_fd_limit();
     char node[256] = "";
     if (gethostname(node, sizeof node - 1) == 0) st_log_set_node(node); /* STRATA_NODE */
     st_err err = {{0}};

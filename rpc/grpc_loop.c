@@ -61,8 +61,14 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) {
         next = j->next;
         const loop_method *lm = j->lm;
         ProtobufCMessage *pm = NULL;
-        if (lm->request) pm = protobuf_c_message_unpack(lm->request, NULL, j->len, j->bytes);
-        if (lm->request && !pm) {
+        /* The client gave up while the call waited for the loop: answering it
+         * is wasted work that delays the calls behind it. */
+        bool expired = rpc_call_time_left(j->call) <= 0;
+        if (!expired && lm->request) pm = protobuf_c_message_unpack(lm->request, NULL, j->len, j->bytes);
+        if (expired) {
+            rpc_call_finishf(j->call, RPC_DEADLINE_EXCEEDED, "%s: deadline exceeded while queued for the loop",
+                             lm->name);
+        } else if (lm->request && !pm) {
             rpc_call_finishf(j->call, RPC_INTERNAL, "%s: request no longer decodes", lm->name);
         } else {
             rpc_request req = {

@@ -6,7 +6,8 @@
  * trampoline on the rpc thread that copies the request, queues the call, and
  * wakes the loop through an eventfd (no evthread locking needed on the base).
  * The loop then calls the method's handler with the call, on the loop's
- * thread. The handler answers at once or later (timers, other events) with the
+ * thread, unless the call's deadline passed while it was queued: then it is
+ * answered DEADLINE_EXCEEDED without running the handler. The handler answers at once or later (timers, other events) with the
  * thread-safe rpc_call_* functions of grpc_server.h.
  *
  * Shutdown order (from the loop's thread):

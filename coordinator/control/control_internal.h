@@ -10,6 +10,8 @@
  *                      Undrain
  *   generate.c         the Generate stream
  *   authz.c            who may call what (authz.h)
+ *   node_store.c       the registry's journal (journal.h), RemoveNode, the
+ *                      expiry of dead nodes
  * Not for use outside coordinator/control/. */
 #ifndef STRATA_COORDINATOR_CONTROL_INTERNAL_H
 #define STRATA_COORDINATOR_CONTROL_INTERNAL_H
@@ -99,6 +101,7 @@ struct ctl_service {
     lost_node excl[PLACE_STAGE_MAX];
     int n_excl;
     uint64_t recoveries, seqs_resumed, tokens_recomputed;
+    struct journal *jr;      /* the registry's changes since the snapshot (node_store.c) */
 };
 
 /* control_service.c */
@@ -123,6 +126,13 @@ void ctl_tick(evutil_socket_t fd, short what, void *arg);
 int ctl_held_ids(const ctl_service *s, const run *r, char *buf, size_t cap);
 void ctl_run_on_lost(void *ud, int stage, const char *msg);
 void ctl_recovery_tick(ctl_service *s, double t);
+
+/* node_store.c */
+int ctl_store_open(ctl_service *s, st_err *err);       /* replays STATE.journal */
+void ctl_store_node(ctl_service *s, const reg_node *n); /* a new node (or a new address) */
+void ctl_store_reset(ctl_service *s);                   /* after a snapshot */
+void ctl_store_tick(ctl_service *s, double now);        /* fsync, expiry, compaction */
+void ctl_h_remove_node(rpc_call *c, const rpc_request *req, void *ud);
 
 /* leave.c */
 void ctl_h_leave(rpc_call *c, const rpc_request *req, void *ud);

@@ -21,6 +21,7 @@
 #include "common/version.h"
 #include "coordinator/control/authz.h"
 #include "coordinator/control/control_internal.h"
+#include "coordinator/control/journal.h"
 #include "coordinator/control/state_file.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -76,6 +77,8 @@ void ctl_save_state(ctl_service *s) {
     const placement *p = s->cur ? &s->cur->pl : &s->saved;
     if (state_save(s->o.state_path, p, s->last_epoch, s->model_sha, &s->reg, &err) != 0)
         ST_ERROR("control: cannot save the state: %s", err.msg);
+    else
+        ctl_store_reset(s); /* the snapshot holds every node now */
 }
 
 /* ---------------------------------------------------------------- nodes */
@@ -311,12 +314,13 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
                    .data_address = r->data_address};
     st_err err = {{0}};
     uint64_t lease = 0;
-    bool known = registry_find(&s->reg, r->node) != NULL;
+    const reg_node *was = registry_find(&s->reg, r->node);
+    bool known = was && !strcmp(was->data_address, r->data_address);
     if (registry_register(&s->reg, &in, st_now_s(), &lease, &err) != 0) {
         rpc_call_finish(c, RPC_INVALID_ARGUMENT, err.msg);
         return;
     }
-    if (!known) ctl_save_state(s);
+    if (!known) ctl_store_node(s, registry_find(&s->reg, r->node)); /* O(1): one journal record */
     Strata__V1__RegisterReply out = STRATA__V1__REGISTER_REPLY__INIT;
     out.lease_id = lease;
     out.heartbeat_interval_ms = s->reg.heartbeat_ms;
@@ -464,6 +468,7 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
         ST_INFO("control: restored state %s: placement epoch %" PRIu64 " (%d stages), %d known node(s)",
                 o->state_path, s->saved.epoch, s->saved.n_stages, s->reg.n);
     }
+    if (ctl_store_open(s, err) != 0) goto fail;
     s->tick_ev = event_new(base, -1, 0, ctl_tick, s);
     s->switch_ev = evtimer_new(base, ctl_try_finish_switch, s);
     if (!s->tick_ev || !s->switch_ev) {
@@ -497,6 +502,7 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
          &strata__v1__auto_placement_request__descriptor},
         {SVC "Drain", RPC_KIND_UNARY, ctl_h_drain, true, &strata__v1__drain_request__descriptor},
         {SVC "Undrain", RPC_KIND_UNARY, ctl_h_undrain, true, &strata__v1__drain_request__descriptor},
+        {SVC "RemoveNode", RPC_KIND_UNARY, ctl_h_remove_node, true, &strata__v1__remove_node_request__descriptor},
         {SVC "Generate", RPC_KIND_SERVER_STREAM, ctl_h_generate, true, &strata__v1__generate_request__descriptor},
     };
     size_t n_methods = sizeof methods / sizeof methods[0];
@@ -544,6 +550,11 @@ void ctl_destroy(ctl_service *s) {
     }
     if (s->tick_ev) event_free(s->tick_ev);
     if (s->switch_ev) event_free(s->switch_ev);
+    if (s->jr) {
+        st_err jerr = {{0}};
+        if (journal_sync(s->jr, &jerr) != 0) ST_ERROR("control: %s", jerr.msg);
+        journal_close(s->jr);
+    }
     registry_free(&s->reg);
     free(s->guards);
     free(s);

@@ -61,6 +61,7 @@ typedef struct ctl_opts {
     int min_workers;            /* auto placement at start (no saved placement); default 1 */
     double ready_timeout_s;     /* a new placement's stages must be ready within this; default 120 */
     double recovery_timeout_s;  /* requests held after a lost stage at most this long; default 60 */
+    double dead_node_expiry_s;  /* a dead node's record is removed after this long; 0 = never */
 } ctl_opts;
 
 /* Reads the model (layer sizes, sha256), restores the state file, starts the

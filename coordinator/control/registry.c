@@ -18,13 +18,38 @@ void registry_init(registry *r, uint32_t heartbeat_ms, uint32_t suspect_after_mi
 
 void registry_free(registry *r) {
     free(r->nodes);
+    free(r->index);
     memset(r, 0, sizeof *r);
 }
 
+/* FNV-1a */
+static uint32_t name_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
+
+/* The slot of name, or of the empty slot where it would go. */
+static uint32_t slot_of(const registry *r, const char *name) {
+    uint32_t i = name_hash(name) & r->index_mask;
+    while (r->index[i] && strcmp(r->nodes[r->index[i] - 1].name, name)) i = (i + 1) & r->index_mask;
+    return i;
+}
+
+static int index_rebuild(registry *r, uint32_t slots) {
+    int *idx = calloc(slots, sizeof *idx);
+    if (!idx) return -1;
+    free(r->index);
+    r->index = idx;
+    r->index_mask = slots - 1;
+    for (int k = 0; k < r->n; k++) r->index[slot_of(r, r->nodes[k].name)] = k + 1;
+    return 0;
+}
+
 reg_node *registry_find(registry *r, const char *name) {
-    for (int i = 0; i < r->n; i++)
-        if (!strcmp(r->nodes[i].name, name)) return &r->nodes[i];
-    return NULL;
+    if (!r->index) return NULL;
+    int k = r->index[slot_of(r, name)];
+    return k ? &r->nodes[k - 1] : NULL;
 }
 
 static reg_node *add(registry *r, const char *name) {
@@ -35,10 +60,40 @@ static reg_node *add(registry *r, const char *name) {
         r->nodes = nn;
         r->cap = cap;
     }
+    if (!r->index || (uint32_t)r->cap * 2 > r->index_mask + 1) {
+        uint32_t slots = 16;
+        while (slots < (uint32_t)r->cap * 2) slots *= 2;
+        if (index_rebuild(r, slots) != 0) return NULL;
+    }
     reg_node *n = &r->nodes[r->n++];
     memset(n, 0, sizeof *n);
     snprintf(n->name, sizeof n->name, "%s", name);
+    r->index[slot_of(r, n->name)] = r->n;
     return n;
+}
+
+int registry_remove(registry *r, const char *name) {
+    if (!r->index) return 1;
+    uint32_t i = slot_of(r, name);
+    int k = r->index[i];
+    if (!k) return 1;
+    /* backward-shift deletion keeps every probe chain unbroken */
+    r->index[i] = 0;
+    for (uint32_t j = (i + 1) & r->index_mask; r->index[j]; j = (j + 1) & r->index_mask) {
+        uint32_t home = name_hash(r->nodes[r->index[j] - 1].name) & r->index_mask;
+        if (((j - home) & r->index_mask) >= ((j - i) & r->index_mask)) {
+            r->index[i] = r->index[j];
+            r->index[j] = 0;
+            i = j;
+        }
+    }
+    int last = r->n - 1;
+    if (k - 1 != last) { /* the last node moves into the freed place */
+        r->nodes[k - 1] = r->nodes[last];
+        r->index[slot_of(r, r->nodes[k - 1].name)] = k;
+    }
+    r->n--;
+    return 0;
 }
 
 reg_node *registry_add_known(registry *r, const char *name, const char *data_address) {
@@ -127,6 +182,7 @@ int registry_tick(registry *r, double now) {
             ST_WARN("registry: %s is dead: no heartbeat for %.0f ms (timeout %u ms); lease revoked",
                     n->name, age_ms, r->dead_after_ms);
             n->state = REG_DEAD;
+            n->dead_since = now;
             n->lease = 0;
             changed++;
         } else if (n->state == REG_READY && age_ms > (double)r->suspect_after_missed * r->heartbeat_ms) {
@@ -144,6 +200,7 @@ int registry_leave(registry *r, const char *name, uint64_t lease, st_err *err) {
     if (!n || !n->state || !lease || n->lease != lease)
         return st_errf(err, "unknown node \"%s\" or lease", name);
     n->state = REG_DEAD;
+    n->dead_since = n->last_seen > 0 ? n->last_seen : 0; /* Leave: dead now (no clock here) */
     n->lease = 0;
     return 0;
 }

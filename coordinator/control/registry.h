@@ -12,6 +12,11 @@
  *               drained node stays DRAINING until it registers again or is
  *               undrained (stratactl undrain: back to READY)
  *
+ * Lookups by name go through a hash index (open addressing, linear probing):
+ * Register and Heartbeat cost O(1), and a heartbeat allocates nothing.
+ * Removal (registry_remove) moves the last node into the freed slot, so a
+ * reg_node pointer is valid only until the next add or remove.
+ *
  * Time is passed in (monotonic seconds) so that tests can drive it. State
  * changes happen in registry_tick (call it often: every heartbeat interval / 4)
  * and on Register / Heartbeat. Everything on the coordinator's loop thread.
@@ -41,6 +46,7 @@ typedef struct reg_node {
     uint64_t lease;            /* 0: none (dead, or known from the state file only) */
     int state;                 /* enum reg_state; 0 = known from the state file, not registered */
     double last_seen;          /* monotonic s of the last heartbeat or Register */
+    double dead_since;         /* monotonic s it turned DEAD (timeout or Leave) */
     char device_kind[16];      /* "cpu", "cuda" */
     uint32_t device_count;
     uint64_t device_memory;    /* bytes, each */
@@ -64,6 +70,8 @@ typedef struct reg_node {
 typedef struct registry {
     reg_node *nodes;
     int n, cap;
+    int *index;                    /* hash slots: node index + 1, 0 = empty */
+    uint32_t index_mask;           /* slots - 1 (a power of two >= 2 * cap) */
     uint32_t heartbeat_ms;         /* > 0 */
     uint32_t suspect_after_missed; /* > 0 */
     uint32_t dead_after_ms;        /* > 0 */
@@ -120,6 +128,11 @@ int registry_undrain(registry *r, const char *name, st_err *err);
  * registering. -1 + err for an unknown node or a lease that is not its
  * current one. */
 int registry_leave(registry *r, const char *name, uint64_t lease, st_err *err);
+
+/* Removes the node's record (its lease goes with it: a heartbeat under it
+ * answers reregister, and a Register after it is a new node, registrations
+ * 1). 0, or 1 when no node has that name. */
+int registry_remove(registry *r, const char *name);
 
 /* Usable for placement: registered or ready, and not draining. */
 bool registry_usable(const reg_node *n);

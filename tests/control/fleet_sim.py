@@ -43,6 +43,7 @@ class Fleet:
         self.reg_lat, self.hb_lat = [], []
         self.reg_misses = self.hb_misses = self.reregisters = self.errors = 0
         self.registered = 0
+        self.acked = set()  # names whose Register was answered OK (at least once)
         self.first_error = None
         self.stopping = False
         self.started = None
@@ -63,6 +64,7 @@ class Fleet:
             try:
                 rep = await stub.Register(req, timeout=self.deadline_s)
                 self.reg_lat.append(time.monotonic() - t)
+                self.acked.add(name)
                 return rep.lease_id
             except self.grpc.aio.AioRpcError as e:
                 if e.code() == self.grpc.StatusCode.DEADLINE_EXCEEDED:

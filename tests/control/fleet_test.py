@@ -3,9 +3,16 @@
 workers (fleet_sim.py: real gRPC Register + Heartbeat) against a real
 strata-coordinator --live on loopback.
 
-  scale   --min-workers 100: 99 usable nodes do not place; the 100th does
-          (the automatic placement takes the first n_layers nodes in name
-          order); ListNodes and /metrics list all 100 workers (no 64 cap).
+  scale    --min-workers 100: 99 usable nodes do not place; the 100th does
+           (the automatic placement takes the first n_layers nodes in name
+           order); ListNodes and /metrics list all 100 workers (no 64 cap).
+  journal  SIGKILL at random points of registration bursts: every
+           acknowledged registration is known after the restart; a torn
+           journal tail is logged and cut off.
+  restart  1,000 registered nodes, the coordinator SIGKILLed and restarted:
+           no live node is declared dead or suspect.
+  remove   stratactl node remove; the removed node registers again as new;
+           --dead-node-expiry removes a dead node; both survive a restart.
 
 Runs under /usr/bin/python3 (python3-grpcio).
 """
@@ -29,13 +36,33 @@ class Coord(LiveBase):
     def __init__(self, args, extra):
         super().__init__(args, "strata-fleet-")
         self.state = os.path.join(self.tmp, "state.json")
-        self.log = os.path.join(self.tmp, "coordinator.log")
-        self.proc = subprocess.Popen(
-            [args.coordinator, "--live", "--config", self.cfg, "--listen", "127.0.0.1:%d" % self.http_port,
-             "--grpc-listen", self.grpc_addr, "--state", self.state] + extra,
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=self.env)
+        self.extra = extra
+        self.n = 0
+        self.start()
         self.chan = grpc.insecure_channel(self.grpc_addr)
         self.stub = pbg.ControlStub(self.chan)
+
+    def start(self):
+        self.n += 1
+        self.log = os.path.join(self.tmp, "coordinator%d.log" % self.n)
+        self.proc = subprocess.Popen(
+            [self.args.coordinator, "--live", "--config", self.cfg, "--listen", "127.0.0.1:%d" % self.http_port,
+             "--grpc-listen", self.grpc_addr, "--state", self.state] + self.extra,
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=self.env)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def log_text(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def up(self):
+        return wait_for(lambda: self.stub.GetStatus(pb.GetStatusRequest(), timeout=2) is not None, 60, 0.1)
+
+    def nodes(self):
+        return self.stub.ListNodes(pb.ListNodesRequest(), timeout=10).nodes
 
     def metrics(self):
         c = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
@@ -52,16 +79,23 @@ class Coord(LiveBase):
 
 
 class SimThread:
-    """A Fleet on its own asyncio loop in a thread."""
+    """A Fleet run on the one asyncio loop of this process (a thread):
+    grpc.aio misbehaves with several loops in several threads."""
+    loop = None
 
-    def __init__(self, fleet):
+    def __init__(self, fleet, ramp_s=0.0):
+        if SimThread.loop is None:
+            SimThread.loop = asyncio.new_event_loop()
+            threading.Thread(target=SimThread.loop.run_forever, daemon=True).start()
         self.fleet = fleet
-        self.t = threading.Thread(target=lambda: asyncio.run(fleet.run()), daemon=True)
-        self.t.start()
+        self.fut = asyncio.run_coroutine_threadsafe(fleet.run(ramp_s=ramp_s), SimThread.loop)
 
     def stop(self):
         self.fleet.stop()
-        self.t.join(30)
+        try:
+            self.fut.result(30)
+        except Exception as e:  # noqa: BLE001 (a simulator failure is reported, not raised)
+            print("simulator: %r" % e)
 
 
 def mode_scale(args):
@@ -118,17 +152,176 @@ def mode_scale(args):
                 print("---- coordinator.log (last 30 lines)\n" + "".join(fh.readlines()[-30:]))
 
 
+def mode_journal(args):
+    """SIGKILL during bursts of registrations at random points: after each
+    restart every acknowledged registration is known (journal replay). Then a
+    torn tail (the file cut mid-record) is skipped with a log line."""
+    import random
+    rnd = random.Random(int(os.environ.get("FLEET_SEED", "18")))
+    co = Coord(args, ["--heartbeat-ms", "1000", "--dead-after-ms", "10000", "--min-workers", "100000"])
+    sims = []
+    try:
+        check(co.up(), "coordinator answers GetStatus")
+        sha = fleet_sim.model_sha256(co.model)
+        acked_all = set()
+        for rnd_i in range(3):
+            f = fleet_sim.Fleet(grpc, pb, pbg, co.grpc_addr, co.model, 300, prefix="r%d" % rnd_i, sha=sha)
+            sim = SimThread(f, ramp_s=1.5)
+            sims.append(sim)
+            time.sleep(rnd.uniform(0.3, 1.6))
+            co.kill()
+            acked = set(f.acked)
+            sim.stop()
+            acked_all |= acked
+            co.start()
+            check(co.up(), "round %d: the coordinator restarts after SIGKILL" % rnd_i)
+            known = {n.name for n in co.nodes()}
+            missing = sorted(acked_all - known)
+            check(len(acked) > 0 and not missing,
+                  "round %d: SIGKILL after %d acknowledged registrations: all %d so far known after the restart "
+                  "(%d known; missing %s)" % (rnd_i, len(acked), len(acked_all), len(known), missing[:5]))
+        # a clean baseline: every record whole, then the tail torn
+        co.kill()
+        jpath = co.state + ".journal"
+        size = os.path.getsize(jpath)
+        check(size > 0, "the journal holds the registrations since the snapshot (%d bytes)" % size)
+        known_before = len(acked_all)
+        with open(jpath, "r+b") as fh:
+            fh.truncate(size - 7)  # mid-record: the last record's payload is cut
+        co.start()
+        check(co.up(), "the coordinator starts over a torn journal")
+        text = co.log_text()
+        m = re.search(r"journal \S+: torn record at byte (\d+) \(the file ends inside a record\); (\d+) byte\(s\) dropped",
+                      text)
+        check(m is not None, "the torn tail is logged: %s" % (m.group(0) if m else text[-400:]))
+        known = {n.name for n in co.nodes()}
+        check(len(acked_all - known) <= 1, "all but the torn record are replayed (%d of %d known)"
+              % (len(acked_all & known), known_before))
+        check(os.path.getsize(jpath) == int(m.group(1)) if m else False,
+              "the torn tail is cut off (the journal ends at the last whole record)")
+    finally:
+        for s_ in sims:
+            s_.stop()
+        rc = co.stop()
+        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
+        if FAILS:
+            print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+
+
+def mode_restart(args):
+    """A coordinator with 1,000 registered nodes restarts (SIGKILL): none of
+    the live (still heartbeating) workers is declared dead or suspect; all are
+    ready again through reregister."""
+    N = int(os.environ.get("FLEET_RESTART_N", "1000"))
+    co = Coord(args, ["--heartbeat-ms", "1000", "--dead-after-ms", "5000", "--min-workers", "100000"])
+    sim = None
+    try:
+        check(co.up(), "coordinator answers GetStatus")
+        f = fleet_sim.Fleet(grpc, pb, pbg, co.grpc_addr, co.model, N, prefix="n", deadline_s=5.0)
+        sim = SimThread(f, ramp_s=2.0)
+
+        def ready():
+            return sum(1 for n in co.nodes() if n.state == pb.NODE_STATE_READY)
+        check(wait_for(lambda: ready() == N, 90, 0.5), "all %d simulated nodes are ready (%d)" % (N, ready()))
+        co.kill()
+        t0 = time.monotonic()
+        co.start()
+        check(co.up(), "the coordinator restarts after SIGKILL")
+        known = co.nodes()
+        check(len(known) == N, "the restarted coordinator knows all %d nodes from its store (%d)" % (N, len(known)))
+        ok = wait_for(lambda: ready() == N, 60, 0.5)
+        check(ok, "all %d nodes are ready again %.1f s after the restart (%d)" % (N, time.monotonic() - t0, ready()))
+        time.sleep(6)  # past --dead-after-ms: a node the restart lost track of would be dead by now
+        text = co.log_text()
+        dead = re.findall(r"registry: (\S+) is dead", text)
+        suspect = re.findall(r"registry: (\S+) is suspect", text)
+        check(not dead and not suspect, "no live node declared dead (%d) or suspect (%d) after the restart: %s"
+              % (len(dead), len(suspect), (dead + suspect)[:5]))
+        check(ready() == N, "all %d still ready" % N)
+    finally:
+        if sim:
+            sim.stop()
+        rc = co.stop()
+        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
+        if FAILS:
+            print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+
+
+def mode_remove(args):
+    """stratactl node remove frees a record; the removed node (still running)
+    registers again as a new node; unknown -> NOT_FOUND; a dead node expires
+    after --dead-node-expiry."""
+    co = Coord(args, ["--heartbeat-ms", "500", "--dead-after-ms", "1500", "--min-workers", "100000",
+                      "--dead-node-expiry", "2"])
+    sims = []
+    try:
+        check(co.up(), "coordinator answers GetStatus")
+        sha = fleet_sim.model_sha256(co.model)
+        a = SimThread(fleet_sim.Fleet(grpc, pb, pbg, co.grpc_addr, co.model, 3, prefix="a", sha=sha, hb_s=0.5))
+        gone = SimThread(fleet_sim.Fleet(grpc, pb, pbg, co.grpc_addr, co.model, 1, prefix="z", sha=sha, hb_s=0.5))
+        sims += [a, gone]
+        check(wait_for(lambda: len(co.nodes()) == 4, 30, 0.1), "4 nodes registered")
+
+        def ctl(*argv):
+            p = subprocess.run([args.stratactl, "--addr", co.grpc_addr] + list(argv), capture_output=True,
+                               text=True, timeout=30)
+            return p.returncode, (p.stdout + p.stderr).strip()
+        check(wait_for(lambda: sum(n.state == pb.NODE_STATE_READY for n in co.nodes()) == 4, 30, 0.1),
+              "all 4 are ready")
+        rc, out = ctl("node", "remove", "a-00001")
+        check(rc == 0 and "a-00001: removed (it was ready)" in out, "stratactl node remove a-00001: %d %r" % (rc, out))
+        # it is still running: its next heartbeat gets reregister, and it comes back new
+        check(wait_for(lambda: "a-00001" in {n.name for n in co.nodes()}, 10, 0.1),
+              "the removed node, still running, registers again")
+        text = co.log_text()
+        check("node a-00001 removed by the operator (it was ready)" in text, "the removal is logged")
+        check(re.search(r"registry: a-00001 registered: ", text) and
+              not re.search(r"registry: a-00001 registered again", text),
+              "it registers as a new node (\"registered\", not \"registered again\")")
+        check(a.fleet.reregisters >= 1, "the removed node's heartbeat was answered reregister (%d)"
+              % a.fleet.reregisters)
+        rc, out = ctl("node", "remove", "no-such-node")
+        check(rc == 1 and "NOT_FOUND" in out and "no-such-node" in out, "unknown node: %d %r" % (rc, out))
+        rc, out = ctl("node", "frobnicate", "x")
+        check(rc == 2, "stratactl node with a bad subcommand: usage error %d %r" % (rc, out))
+        # expiry: z-00000 stops; dead after 1.5 s; removed 2 s later
+        gone.stop()
+        t0 = time.monotonic()
+        check(wait_for(lambda: "z-00000" not in {n.name for n in co.nodes()}, 20, 0.1),
+              "the stopped node expires (%.1f s after it stopped; dead after 1.5 s + expiry 2 s)"
+              % (time.monotonic() - t0))
+        check(time.monotonic() - t0 >= 3.0, "not before dead-after + expiry (%.1f s)" % (time.monotonic() - t0))
+        check("z-00000 expired: dead for" in co.log_text(), "the expiry is logged")
+        # both survive a restart: the journal holds the removal
+        co.kill()
+        for s_ in sims:
+            s_.stop()
+        co.extra = [x for x in co.extra if x not in ("--dead-node-expiry", "2")]  # keep what the store holds
+        co.start()
+        check(co.up(), "restart")
+        names = sorted(n.name for n in co.nodes())
+        check(names == ["a-00000", "a-00001", "a-00002"], "after a restart (SIGKILL): the store has a-00001 again and not the expired z-00000 (%s)" % names)
+    finally:
+        for s_ in sims:
+            s_.stop()
+        rc = co.stop()
+        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
+        if FAILS:
+            print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["scale"])
+    ap.add_argument("mode", choices=["scale", "journal", "restart", "remove"])
     ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--stratactl")
     ap.add_argument("--proto", required=True)
     ap.add_argument("--shared", default=os.environ.get("STRATA_SHARED", "/work/shared"))
     ap.add_argument("--workdir", default="/tmp")
     args = ap.parse_args()
     global grpc, pb, pbg
     grpc, pb, pbg = control_stubs(args.proto, os.path.join(args.workdir, "fleet_py_" + args.mode))
-    {"scale": mode_scale}[args.mode](args)
+    {"scale": mode_scale, "journal": mode_journal, "restart": mode_restart, "remove": mode_remove}[args.mode](args)
     print("FAILED: %d check(s)" % len(FAILS) if FAILS else "all checks passed")
     sys.exit(1 if FAILS else 0)
 

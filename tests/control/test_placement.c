@@ -6,6 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "coordinator/control/journal.h"
 #include "coordinator/control/placement.h"
 #include "coordinator/control/registry.h"
 #include "coordinator/control/state_file.h"
@@ -186,9 +190,108 @@ static void test_registry(void) {
     registry_free(&r);
 }
 
+/* The hash index across growth and removal (backward-shift deletion). */
+static void test_registry_many(void) {
+    registry r;
+    registry_init(&r, 1000, 3, 10000, 7);
+    st_err err = {{0}};
+    char name[32];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(name, sizeof name, "node-%05d", i);
+        uint64_t lease;
+        reg_info in = {name, "cpu", 1, MIB, MIB, 1, "127.0.0.1:1"};
+        if (registry_register(&r, &in, 1.0, &lease, &err) != 0) CHECK(0);
+    }
+    CHECK_EQ_INT(r.n, 5000);
+    /* remove every third node */
+    for (int i = 0; i < 5000; i += 3) {
+        snprintf(name, sizeof name, "node-%05d", i);
+        CHECK_EQ_INT(registry_remove(&r, name), 0);
+    }
+    CHECK_EQ_INT(registry_remove(&r, "node-00000"), 1); /* already gone */
+    int found = 0, wrong = 0;
+    for (int i = 0; i < 5000; i++) {
+        snprintf(name, sizeof name, "node-%05d", i);
+        reg_node *n = registry_find(&r, name);
+        if (i % 3 == 0) wrong += n != NULL;
+        else if (n && !strcmp(n->name, name)) found++;
+        else wrong++;
+    }
+    CHECK_EQ_INT(found, 5000 - 1667);
+    CHECK_EQ_INT(wrong, 0);
+    CHECK_EQ_INT(r.n, 5000 - 1667);
+    /* a removed node that registers again is new */
+    uint64_t lease;
+    reg_info again = {"node-00003", "cpu", 1, MIB, MIB, 1, "127.0.0.1:2"};
+    CHECK(registry_register(&r, &again, 2.0, &lease, &err) == 0);
+    CHECK(registry_find(&r, "node-00003")->registrations == 1);
+    registry_free(&r);
+}
+
+static int count_rec(const char *payload, size_t len, void *ud, st_err *err) {
+    (void)err;
+    int *n = ud;
+    char want[32];
+    snprintf(want, sizeof want, "record %d", *n);
+    if (len == strlen(want) && !memcmp(payload, want, len)) (*n)++;
+    return 0;
+}
+
+/* Journal: replay, a torn tail cut off (and appends continue after it), a
+ * corrupt checksum. */
+static void test_journal(void) {
+    char path[] = "/tmp/strata-journal-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    st_err err = {{0}};
+    int n = 0;
+    journal *j = journal_open(path, count_rec, &n, &err);
+    CHECK(j != NULL);
+    for (int i = 0; i < 10; i++) {
+        char rec[32];
+        snprintf(rec, sizeof rec, "record %d", i);
+        CHECK_EQ_INT(journal_append(j, rec, strlen(rec), &err), 0);
+    }
+    CHECK_EQ_INT(journal_sync(j, &err), 0);
+    CHECK_EQ_INT(journal_append(j, "", 0, &err), -1);
+    journal_close(j);
+    struct stat st;
+    CHECK_EQ_INT(stat(path, &st), 0);
+    long whole = (long)st.st_size;
+    /* torn: cut the last record in half */
+    CHECK_EQ_INT(truncate(path, whole - 4), 0);
+    n = 0;
+    j = journal_open(path, count_rec, &n, &err);
+    CHECK(j != NULL);
+    CHECK_EQ_INT(n, 9);
+    CHECK_EQ_INT((int)journal_records(j), 9);
+    CHECK_EQ_INT(journal_append(j, "record 9", 8, &err), 0);
+    journal_close(j);
+    n = 0;
+    j = journal_open(path, count_rec, &n, &err);
+    CHECK_EQ_INT(n, 10);
+    journal_close(j);
+    /* a flipped payload byte in record 5: records 0..4 stay */
+    fd = open(path, O_RDWR);
+    long rec5 = 5 * (8 + 8) + 8 + 3;
+    CHECK(pwrite(fd, "X", 1, rec5) == 1);
+    close(fd);
+    n = 0;
+    j = journal_open(path, count_rec, &n, &err);
+    CHECK_EQ_INT(n, 5);
+    CHECK_EQ_INT(journal_reset(j, &err), 0);
+    journal_close(j);
+    CHECK_EQ_INT(stat(path, &st), 0);
+    CHECK_EQ_INT((int)st.st_size, 0);
+    unlink(path);
+}
+
 int main(void) {
     test_auto();
     test_explicit();
     test_registry();
+    test_registry_many();
+    test_journal();
     return test_summary();
 }
