@@ -3,6 +3,7 @@
  * queue per call.
  */
 #include "rpc/grpc_client.h"
+#include "rpc/grpc_log.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -46,6 +47,7 @@ rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *er
         st_errf(err, "rpc: out of memory");
         return NULL;
     }
+    rpc_log_install();
     grpc_init();
     grpc_channel_credentials *creds = channel_creds(tls, err);
     if (!creds) {

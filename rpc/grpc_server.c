@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "rpc/grpc_log.h"
 
 enum tag_kind { TAG_NEW, TAG_SHUTDOWN, TAG_CLOSE, TAG_RECV, TAG_SEND, TAG_STATUS };
 
@@ -586,6 +587,7 @@ rpc_server *rpc_server_create(const char *addr, const rpc_tls *tls, st_err *err)
         st_errf(err, "rpc: out of memory");
         return NULL;
     }
+    rpc_log_install();
     grpc_init();
     grpc_server_credentials *creds = server_creds(s, tls, err);
     if (!creds) {

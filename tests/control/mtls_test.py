@@ -208,6 +208,39 @@ def mode_mtls(cl, args):
     plain, _ = cl.channel(plaintext=True)
     expect(lambda: plain.GetStatus(pb.GetStatusRequest(), timeout=5), grpc.StatusCode.UNAVAILABLE, [],
            "plaintext client: the handshake fails")
+    # a peer that keeps failing the handshake cannot flood the log (gRPC's lines are rate-limited)
+    import socket
+    with open(os.path.join(cl.tmp, "coordinator.log")) as f:
+        n0 = sum(1 for l in f if "ssl_transport_security" in l)
+    t0 = time.monotonic()
+    for _ in range(100):
+        with socket.create_connection(("127.0.0.1", cl.grpc_port), timeout=5) as so:
+            so.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                while so.recv(4096):
+                    pass
+            except OSError:
+                pass
+    dt = time.monotonic() - t0
+    time.sleep(0.5)
+    with open(os.path.join(cl.tmp, "coordinator.log")) as f:
+        hs = [l for l in f if "ssl_transport_security" in l][n0:]
+    check(len(hs) <= 2 + int(dt / 10), "100 plaintext connections in %.1f s: %d log line(s) from gRPC's handshake "
+          "failures (at most one per 10 s)" % (dt, len(hs)))
+
+    def one_more():
+        with socket.create_connection(("127.0.0.1", cl.grpc_port), timeout=5) as so:
+            so.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            try:
+                while so.recv(4096):
+                    pass
+            except OSError:
+                pass
+        with open(os.path.join(cl.tmp, "coordinator.log")) as f:
+            m = re.findall(r"ssl_transport_security\.cc:\d+; (\d+) more like it", f.read())
+        return m and int(m[-1]) >= 100 and int(m[-1])
+    left_out = wait_for(one_more, 15, 1.0)
+    check(bool(left_out), "the next line counts the handshake failures left out: %s" % left_out)
     anon, _ = cl.channel(None)
     expect(lambda: anon.ListNodes(pb.ListNodesRequest(), timeout=5), grpc.StatusCode.UNAUTHENTICATED,
            ["client certificate", "cluster CA"], "TLS client without a certificate: ListNodes")
