@@ -270,6 +270,8 @@ def mode_mtls(cl, args):
            "evil: ListNodes")
     expect(lambda: evil.Drain(pb.DrainRequest(node="w-a"), timeout=5), grpc.StatusCode.PERMISSION_DENIED, node_op,
            "evil: Drain")
+    expect(lambda: evil.RemoveNode(pb.RemoveNodeRequest(node="w-b"), timeout=5), grpc.StatusCode.PERMISSION_DENIED,
+           node_op, "evil: RemoveNode w-b")
     expect(lambda: evil.AutoPlacement(pb.AutoPlacementRequest(), timeout=5), grpc.StatusCode.PERMISSION_DENIED,
            node_op, "evil: AutoPlacement")
     expect(lambda: list(evil.Generate(pb.GenerateRequest(prompt="My password is", max_tokens=4), timeout=5)),
