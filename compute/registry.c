@@ -33,7 +33,10 @@ static backend *cpu_backend_new(int device, int n_threads, st_err *err) {
     return backend_cpu_new(n_threads, err);
 }
 
-static backend_group *cpu_group_new(int n, st_err *err) { return (backend_group *)comm_cpu_group_new(n, err); }
+static backend_group *cpu_group_new(int n, const int *devices, st_err *err) {
+    (void)devices; /* threads of this process */
+    return (backend_group *)comm_cpu_group_new(n, err);
+}
 static comm *cpu_group_rank(backend_group *g, int r) { return comm_cpu_rank((comm_cpu_group *)g, r); }
 static void cpu_group_free(backend_group *g) { comm_cpu_group_free((comm_cpu_group *)g); }
 

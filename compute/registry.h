@@ -46,8 +46,9 @@ typedef struct backend_module {
     int (*device_info)(int device, backend_device_info *out, st_err *err);
     /* A backend for TP rank on `device` (n_threads: the CPU backend's pool). */
     backend *(*backend_new)(int device, int n_threads, st_err *err);
-    /* A TP group of n ranks (rank r on device r), its rank handles, its end. */
-    backend_group *(*group_new)(int n, st_err *err);
+    /* A TP group of n ranks (rank r on devices[r]; devices NULL: device r),
+     * its rank handles, its end. */
+    backend_group *(*group_new)(int n, const int *devices, st_err *err);
     comm *(*group_rank)(backend_group *g, int rank);
     void (*group_free)(backend_group *g);
 } backend_module;

@@ -248,6 +248,20 @@ static int check_assign(const ctl_assign *a, struct assign *out, st_err *err)
     int dt = a->act_dtype == STRATA__V1__DTYPE__DTYPE_UNSPECIFIED ? STRATA__V1__DTYPE__DTYPE_F32 : (int)a->act_dtype;
     if (dt != STRATA__V1__DTYPE__DTYPE_F32 && dt != STRATA__V1__DTYPE__DTYPE_BF16)
         return st_errf(err, "StageAssign: act_dtype %d is not f32 or bf16", (int)a->act_dtype);
+    const char *be = a->backend ? a->backend : "";
+    if (*be && strcmp(be, "cpu") && strcmp(be, "cuda"))
+        return st_errf(err, "StageAssign: backend '%.32s' is not cpu or cuda", be);
+    if (a->n_devices && (!strcmp(be, "cpu") || !*be))
+        return st_errf(err, "StageAssign: backend cpu takes no device list");
+    if (a->n_devices && a->n_devices != (size_t)a->tp)
+        return st_errf(err, "StageAssign: %zu devices for tp %d (one per rank)", a->n_devices, a->tp);
+    for (size_t i = 0; i < a->n_devices; i++) {
+        if (a->devices[i] < 0 || a->devices[i] >= 1024)
+            return st_errf(err, "StageAssign: device %d out of range", a->devices[i]);
+        out->devices[i] = a->devices[i];
+    }
+    out->n_devices = (int)a->n_devices;
+    snprintf(out->backend, sizeof out->backend, "%s", be);
     bool last = a->stage == a->n_stages - 1;
     const char *nh = a->next_hop ? a->next_hop : "";
     if (last && *nh) return st_errf(err, "StageAssign: the last stage has no next hop (got '%s')", nh);
@@ -273,12 +287,21 @@ static int check_assign(const ctl_assign *a, struct assign *out, st_err *err)
     return 0;
 }
 
+/* The same backend on the same devices ("" and "cpu" are one). */
+static bool same_devices(const struct assign *a, const struct assign *b)
+{
+    const char *ba = *a->backend ? a->backend : "cpu", *bb = *b->backend ? b->backend : "cpu";
+    return !strcmp(ba, bb) && a->n_devices == b->n_devices &&
+           !memcmp(a->devices, b->devices, (size_t)a->n_devices * sizeof a->devices[0]);
+}
+
 static bool same_assign(const struct assign *a, const struct assign *b)
 {
     return a->epoch == b->epoch && a->stage == b->stage && a->n_stages == b->n_stages &&
            a->first_layer == b->first_layer && a->last_layer == b->last_layer && a->tp == b->tp &&
            a->kv_blocks == b->kv_blocks && a->block_size == b->block_size && a->n_threads == b->n_threads &&
-           a->act_dtype == b->act_dtype && !strcmp(a->model_path, b->model_path) && !strcmp(a->next_hop, b->next_hop);
+           a->act_dtype == b->act_dtype && !strcmp(a->model_path, b->model_path) && !strcmp(a->next_hop, b->next_hop) &&
+           same_devices(a, b);
 }
 
 /* Whether stage a, loaded, serves assignment b as is (all but the epoch, the
@@ -287,7 +310,8 @@ static bool same_stage(const struct assign *a, const struct assign *b)
 {
     return a->first_layer == b->first_layer && a->last_layer == b->last_layer && a->tp == b->tp &&
            a->kv_blocks == b->kv_blocks && a->block_size == b->block_size && a->n_threads == b->n_threads &&
-           (a->stage == a->n_stages - 1) == (b->stage == b->n_stages - 1) && !strcmp(a->model_path, b->model_path);
+           (a->stage == a->n_stages - 1) == (b->stage == b->n_stages - 1) && !strcmp(a->model_path, b->model_path) &&
+           same_devices(a, b);
 }
 
 static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
@@ -385,13 +409,17 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
                                    .n_threads = na.n_threads ? na.n_threads : w->n_threads,
                                    .kv_blocks = na.kv_blocks,
                                    .block_size = na.block_size,
+                                   .backend = !strcmp(na.backend, "cuda") ? "cuda" : NULL, /* a literal: outlives w->cur */
+                                   .n_devices = na.n_devices,
                                    .use_model_fd = true,
                                    .model_fd = fd,
                                    .cancel = &oj->cancel};
+    memcpy(oj->cj.params.devices, na.devices, (size_t)na.n_devices * sizeof na.devices[0]);
     st_log_set_stage((int)na.stage); /* STRATA_STAGE on this worker's journald records */
-    ST_INFO("worker: assigned epoch %llu stage %u/%u: %s layers [%d, %d) tp %d kv_blocks %d act %s next %s",
+    ST_INFO("worker: assigned epoch %llu stage %u/%u: %s layers [%d, %d) tp %d kv_blocks %d act %s next %s backend %s",
             (unsigned long long)na.epoch, na.stage, na.n_stages, na.model_path, na.first_layer, na.last_layer,
-            na.tp, na.kv_blocks, worker_dtype_name(na.act_dtype), *na.next_hop ? na.next_hop : "(coordinator)");
+            na.tp, na.kv_blocks, worker_dtype_name(na.act_dtype), *na.next_hop ? na.next_hop : "(coordinator)",
+            *na.backend ? na.backend : "cpu");
     compute_submit(w->cq, &oj->cj);
 }
 

@@ -43,6 +43,9 @@ struct assign {
     char *next_hop; /* "" for the last stage */
     char next_host[256];
     int next_port;
+    char backend[16];              /* "" (cpu), "cpu" or "cuda" (compute/registry.h) */
+    int devices[STAGE_MAX_DEVICES]; /* device backends: rank r on devices[r] */
+    int n_devices;                 /* 0 = rank r on device r */
 };
 
 /* One loaded (or loading) stage, keyed by its placement epoch. */

@@ -480,7 +480,8 @@ static void rank_forward(rank_ctx *rc) {
 
 /* The rank's backend: a CUDA backend on its NCCL rank's GPU, or the CPU one. */
 static backend *rank_backend(rank_ctx *rc, st_err *err) {
-    return rc->s->bm->backend_new(rc->rank, rc->n_threads, err);
+    const stage *s = rc->s;
+    return s->bm->backend_new(s->p.n_devices ? s->p.devices[rc->rank] : rc->rank, rc->n_threads, err);
 }
 
 static void *rank_main(void *arg) {
@@ -625,7 +626,7 @@ stage *stage_open(const stage_params *pin, st_err *err) {
         return NULL;
     }
     st_err be_err;
-    const backend_module *bm = backend_registry_get(pin->backend, &be_err);
+    const backend_module *bm = backend_registry_get(pin->backend && *pin->backend ? pin->backend : NULL, &be_err);
     if (!bm) {
         st_errf(err, "stage: %s", be_err.msg);
         return NULL;
@@ -639,6 +640,24 @@ stage *stage_open(const stage_params *pin, st_err *err) {
         if (pin->tp > n_dev) {
             st_errf(err, "stage: backend %s: TP %d needs one device per rank, %d visible", bm->name, pin->tp, n_dev);
             return NULL;
+        }
+    }
+    if (pin->n_devices) {
+        if (!bm->device_memory) {
+            st_errf(err, "stage: backend %s takes no device list", bm->name);
+            return NULL;
+        }
+        if (pin->n_devices != pin->tp || pin->n_devices > STAGE_MAX_DEVICES) {
+            st_errf(err, "stage: %d devices listed for TP %d (one per rank)", pin->n_devices, pin->tp);
+            return NULL;
+        }
+        for (int i = 0; i < pin->n_devices; i++) {
+            bool dup = false;
+            for (int j = 0; j < i; j++) dup |= pin->devices[j] == pin->devices[i];
+            if (pin->devices[i] < 0 || pin->devices[i] >= bm->device_count() || dup) {
+                st_errf(err, "stage: device %d is %s", pin->devices[i], dup ? "listed twice" : "not visible");
+                return NULL;
+            }
         }
     }
     stage *s = calloc(1, sizeof *s);
@@ -704,7 +723,7 @@ stage *stage_open(const stage_params *pin, st_err *err) {
         if (rc->n_threads < 1) rc->n_threads = 1;
         s->load_total += plan_bytes(s, &rc->plan);
     }
-    s->group = bm->group_new(s->tp, err);
+    s->group = bm->group_new(s->tp, s->p.n_devices ? s->p.devices : NULL, err);
     if (!s->group) goto fail;
     for (int r = 0; r < s->tp; r++) s->ranks[r].c = bm->group_rank(s->group, r);
     for (int r = 0; r < s->tp; r++) {

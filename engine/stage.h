@@ -43,6 +43,7 @@
 #include "model/sampler.h"
 
 #define STAGE_MAX_TOP_LOGPROBS SAMPLER_MAX_TOP_LOGPROBS
+#define STAGE_MAX_DEVICES 64
 
 typedef struct stage stage;
 
@@ -54,7 +55,11 @@ typedef struct stage_params {
     int n_threads;          /* CPU threads for all ranks together; 0 = st_cpu_count() */
     int kv_blocks;          /* KV cache blocks (each rank, same ids); >= 1 */
     int block_size;         /* tokens per KV block; 0 = 16 */
-    const char *backend;    /* "cpu" (default when NULL) or "cuda" (rank r on GPU r, NCCL) */
+    const char *backend;    /* "cpu" (default when NULL or "") or "cuda" (NCCL; compute/registry.h) */
+    /* Device backends: rank r runs on devices[r] (n_devices == tp, distinct,
+     * visible); n_devices 0 = rank r on device r. Refused for "cpu". */
+    int devices[STAGE_MAX_DEVICES];
+    int n_devices;
     uint32_t kv_type;       /* KV cache element type: GGML_TYPE_F32 (0, the default) or
                                GGML_TYPE_F16 (llama.cpp's default, half the memory) */
     /* With use_model_fd: the GGUF is read from this open regular file (the

@@ -62,6 +62,9 @@ static int encode(const Strata__V1__StageAssign *a, struct enc *e)
     put_u64(e, (uint64_t)(int64_t)a->n_threads);
     put_u64(e, a->keep_loaded ? 1 : 0);
     put_u64(e, a->adopt_epoch);
+    put_str(e, a->backend);
+    put_u64(e, a->n_devices);
+    for (size_t i = 0; i < a->n_devices; i++) put_u64(e, (uint64_t)(int64_t)a->devices[i]);
     return e->oom ? -1 : 0;
 }
 

@@ -4,7 +4,7 @@
  * token = HMAC-SHA256 under the cluster key's assign key (ib/cluster_key.h)
  * of a fixed encoding of every field that steers the worker: epoch, stage,
  * n_stages, model_path, first_layer, last_layer, tp, kv_blocks, block_size,
- * act_dtype, next_hop, n_threads, keep_loaded, adopt_epoch (integers as 8-byte little
+ * act_dtype, next_hop, n_threads, keep_loaded, adopt_epoch, backend, devices (integers as 8-byte little
  * endian, strings length-prefixed). A copy with any field changed fails.
  */
 #ifndef STRATA_IB_ASSIGN_TOKEN_H

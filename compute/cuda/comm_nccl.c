@@ -113,12 +113,21 @@ static const comm_ops nccl_ops = {
     .barrier = nccl_barrier,
 };
 
-comm_nccl_group *comm_nccl_group_new(int n_devices, st_err *err) {
+comm_nccl_group *comm_nccl_group_new(int n_devices, st_err *err) { return comm_nccl_group_new_on(n_devices, NULL, err); }
+
+comm_nccl_group *comm_nccl_group_new_on(int n_devices, const int *devices, st_err *err) {
     int avail = 0;
     cudaError_t e = cudaGetDeviceCount(&avail);
     if (e != cudaSuccess) return st_errf(err, "comm_nccl_group_new: no CUDA device: %s", cudaGetErrorString(e)), NULL;
     if (n_devices < 1 || n_devices > avail)
         return st_errf(err, "comm_nccl_group_new: %d devices asked, %d visible", n_devices, avail), NULL;
+    for (int i = 0; devices && i < n_devices; i++) {
+        if (devices[i] < 0 || devices[i] >= avail)
+            return st_errf(err, "comm_nccl_group_new: device %d does not exist (%d visible)", devices[i], avail), NULL;
+        for (int j = 0; j < i; j++)
+            if (devices[j] == devices[i])
+                return st_errf(err, "comm_nccl_group_new: device %d listed twice", devices[i]), NULL;
+    }
     comm_nccl_group *g = calloc(1, sizeof *g);
     ncclComm_t *ncs = calloc((size_t)n_devices, sizeof *ncs);
     if (!g || !ncs || !(g->ranks = calloc((size_t)n_devices, sizeof *g->ranks))) {
@@ -127,7 +136,7 @@ comm_nccl_group *comm_nccl_group_new(int n_devices, st_err *err) {
         free(g);
         return st_errf(err, "comm_nccl_group_new: out of memory"), NULL;
     }
-    ncclResult_t r = ncclCommInitAll(ncs, n_devices, NULL);
+    ncclResult_t r = ncclCommInitAll(ncs, n_devices, devices);
     if (r != ncclSuccess) {
         st_errf(err, "comm_nccl_group_new: ncclCommInitAll(%d): %s", n_devices, ncclGetErrorString(r));
         free(ncs);
@@ -142,16 +151,16 @@ comm_nccl_group *comm_nccl_group_new(int n_devices, st_err *err) {
         h->c.rank = i;
         h->c.size = n_devices;
         h->nc = ncs[i];
-        h->device = i;
+        h->device = devices ? devices[i] : i;
     }
     free(ncs);
     for (int i = 0; i < n_devices; i++) {
         nccl_rank *h = &g->ranks[i];
-        if ((e = cudaSetDevice(i)) != cudaSuccess ||
+        if ((e = cudaSetDevice(h->device)) != cudaSuccess ||
             (e = cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking)) != cudaSuccess ||
             (e = cudaMalloc((void **)&h->scratch, sizeof(float))) != cudaSuccess ||
             (e = cudaMemset(h->scratch, 0, sizeof(float))) != cudaSuccess) {
-            cuda_fail(err, "group_new", i, e);
+            cuda_fail(err, "group_new", h->device, e);
             comm_nccl_group_free(g);
             return NULL;
         }

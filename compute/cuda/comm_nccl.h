@@ -21,6 +21,9 @@ typedef struct comm_nccl_group comm_nccl_group;
 /* A group over devices 0..n_devices-1 (ncclCommInitAll with devlist NULL).
  * Fails when fewer devices are visible or NCCL cannot initialise. */
 comm_nccl_group *comm_nccl_group_new(int n_devices, st_err *err);
+/* The same over devices[0..n_devices-1] (rank r on devices[r]; distinct,
+ * visible); NULL devices = 0..n_devices-1. */
+comm_nccl_group *comm_nccl_group_new_on(int n_devices, const int *devices, st_err *err);
 /* The handle of rank r (owned by the group), or NULL when r is out of range. */
 comm *comm_nccl_rank(comm_nccl_group *g, int rank);
 /* The CUDA device of a rank's handle. */

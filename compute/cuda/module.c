@@ -34,7 +34,9 @@ static backend *cuda_backend_new(int device, int n_threads, st_err *err) {
     return backend_cuda_new(device, err);
 }
 
-static backend_group *cuda_group_new(int n, st_err *err) { return (backend_group *)comm_nccl_group_new(n, err); }
+static backend_group *cuda_group_new(int n, const int *devices, st_err *err) {
+    return (backend_group *)comm_nccl_group_new_on(n, devices, err);
+}
 static comm *cuda_group_rank(backend_group *g, int r) { return comm_nccl_rank((comm_nccl_group *)g, r); }
 static void cuda_group_free(backend_group *g) { comm_nccl_group_free((comm_nccl_group *)g); }
 

@@ -274,6 +274,12 @@ static int stage_key(parser *p, sect *s, coord_stage_cfg *st, const char *k, con
         return 1;
     }
     if (!strcmp(k, "tp")) return parse_int(p, s->name, k, v, 1, 64, &st->tp);
+    if (!strcmp(k, "backend")) {
+        if (strcmp(v, "cpu") && strcmp(v, "cuda"))
+            return fail(p, p->line, "[%s]: backend '%s' is not cpu or cuda", s->name, v);
+        snprintf(st->backend, sizeof st->backend, "%s", v);
+        return 1;
+    }
     if (!strcmp(k, "layers")) return parse_int(p, s->name, k, v, 1, 1000000, &st->n_layers);
     return fail(p, p->line, "[%s]: unknown key '%s'", s->name, k);
 }

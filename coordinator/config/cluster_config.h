@@ -29,6 +29,7 @@ typedef struct coord_stage_cfg {
     char host[COORD_HOST_MAX]; /* worker data-plane host (name, IPv4, or IPv6 without []) */
     int port;                  /* 1..65535 */
     int tp;                    /* TP degree, >= 1 (default 1) */
+    char backend[16];          /* `backend`: "cpu" (default, "") or "cuda" (GPUs 0..tp-1) */
     int n_layers;              /* layer count from `layers`, 0 = not given */
     int line;                  /* line of the section header (for messages) */
 } coord_stage_cfg;

@@ -54,6 +54,8 @@ static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
         coord_stage_cfg *cs = &r->stages[i];
         snprintf(cs->name, sizeof cs->name, "%s", ps->node);
         cs->tp = ps->tp > 0 ? ps->tp : 1;
+        /* The node's registered device kind picks the backend (compute/registry.h). */
+        snprintf(cs->backend, sizeof cs->backend, "%s", n && !strcmp(n->device_kind, "cuda") ? "cuda" : "");
         if (!n || coord_parse_hostport(n->data_address, cs->host, sizeof cs->host, &cs->port, 0, err) != 0) {
             if (!n) st_errf(err, "node %s is not registered", ps->node);
             ctl_run_free(r);

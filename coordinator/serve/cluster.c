@@ -81,6 +81,7 @@ typedef struct stage_link {
     char host[COORD_HOST_MAX];
     int port;
     int tp;
+    char backend[16]; /* StageAssign.backend: "" (cpu) or "cuda" */
     place_range range;
     xport_peer *peer;
     enum link_state state;
@@ -602,6 +603,15 @@ static void send_assign(cluster *c, stage_link *l) {
     a.act_dtype = c->cfg->act_dtype == COORD_ACT_BF16 ? STRATA__V1__DTYPE__DTYPE_BF16
                                                       : STRATA__V1__DTYPE__DTYPE_F32;
     a.next_hop = next;
+    /* A GPU stage runs rank r on GPU r of its node (the node's TP rule counts
+     * from GPU 0: coordinator/control, ib/gpu_links.h). */
+    int32_t devices[64];
+    a.backend = l->backend;
+    if (!strcmp(l->backend, "cuda")) {
+        for (int r = 0; r < l->tp && r < 64; r++) devices[r] = r;
+        a.devices = devices;
+        a.n_devices = (size_t)(l->tp < 64 ? l->tp : 64);
+    }
     uint8_t token[CLUSTER_MAC_LEN];
     if (c->key) {
         if (assign_token_make(c->key, &a, token)) {
@@ -614,8 +624,9 @@ static void send_assign(cluster *c, stage_link *l) {
     ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
     m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN;
     m.assign = &a;
-    ST_INFO("cluster: assigning stage %d (layers [%d, %d), TP %d) to %s:%d, next hop %s", l->index,
-            l->range.first, l->range.last, l->tp, l->host, l->port, next[0] ? next : "(coordinator)");
+    ST_INFO("cluster: assigning stage %d (layers [%d, %d), TP %d, %s) to %s:%d, next hop %s", l->index,
+            l->range.first, l->range.last, l->tp, l->backend[0] ? l->backend : "cpu", l->host, l->port,
+            next[0] ? next : "(coordinator)");
     if (send_control(c, l, &m) == 0) l->state = LINK_ASSIGNED;
 }
 
@@ -1406,6 +1417,7 @@ cluster *cluster_create(struct event_base *base, const cluster_opts *o, st_err *
         snprintf(l->host, sizeof l->host, "%s", o->cfg->stages[i].host);
         l->port = o->cfg->stages[i].port;
         l->tp = o->cfg->stages[i].tp;
+        snprintf(l->backend, sizeof l->backend, "%s", o->cfg->stages[i].backend);
         l->range = o->ranges[i];
         if (!(l->fwd = calloc(FWD_KEEP, sizeof *l->fwd))) {
             st_errf(err, "cluster: out of memory");

@@ -45,7 +45,7 @@ static void test_cpu(void) {
     CHECK(out[0] == 2 && out[3] == 8);
     b->ops->release(b, x);
     backend_free(b);
-    backend_group *g = m->group_new(2, &err);
+    backend_group *g = m->group_new(2, NULL, &err);
     REQUIRE_MSG(g, "%s", err.msg);
     CHECK(m->group_rank(g, 0) != NULL);
     CHECK(m->group_rank(g, 1) != NULL);

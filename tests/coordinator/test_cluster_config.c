@@ -110,8 +110,10 @@ int main(void) {
         "[cluster]\nmodel = m.gguf\nmodel_name = tiny\n"
         "[worker node-b]\naddress = hostb:7001\nlayers = 2\n"
         "[worker node-a]\naddress = hosta:7001\nlayers = 2\n"
-        "[worker node-c]\naddress = hostc:7001\nlayers = 1\ntp = 4\n";
+        "[worker node-c]\naddress = hostc:7001\nlayers = 1\ntp = 4\nbackend = cuda\n";
     REQUIRE_MSG(parse(workers, &c, &e) == 0, "%s", e.msg);
+    CHECK_EQ_STR(c.stages[0].backend, "");
+    CHECK_EQ_STR(c.stages[2].backend, "cuda");
     CHECK_EQ_INT(c.n_stages, 3);
     CHECK_EQ_STR(c.stages[0].name, "node-b");
     CHECK_EQ_STR(c.stages[1].name, "node-a");
@@ -172,6 +174,8 @@ int main(void) {
     /* Errors, each with its file:line. */
     expect_error("[cluster]\nmodel = m\nmodle = x\n[stage.0]\naddress=a:1\n",
                  "c.ini:3: [cluster]: unknown key 'modle'");
+    expect_error("[cluster]\nmodel = m\n[stage.0]\naddress=a:1\nbackend = rocm\n",
+                 "c.ini:5: [stage.0]: backend 'rocm' is not cpu or cuda");
     expect_error("[cluster]\nmodel = m\n[stage.0]\naddress=a:1\ntpp = 2\n",
                  "c.ini:5: [stage.0]: unknown key 'tpp'");
     expect_error("[cluster]\nmodel = m\nact_dtype = f16\n[stage.0]\naddress=a:1\n",

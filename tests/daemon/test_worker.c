@@ -43,6 +43,7 @@
 
 #include "ib/transport.h"
 #include "proto/stage.pb-c.h"
+#include "compute/registry.h"
 #include "tests/testutil.h"
 
 #define EPOCH 5
@@ -353,6 +354,29 @@ static void send_assign_ex(struct conn *c, uint64_t epoch, uint32_t stage, const
     send_control(c->p, &m);
 }
 
+/* Stage 0 of 2 at TP 1 on a backend, with a device list. */
+static void send_assign_backend(struct conn *c, const char *model, const char *backend, int32_t *devices,
+                                size_t n_devices)
+{
+    Strata__V1__StageAssign a = STRATA__V1__STAGE_ASSIGN__INIT;
+    a.epoch = EPOCH;
+    a.n_stages = 2;
+    a.model_path = (char *)model;
+    a.first_layer = 0;
+    a.last_layer = 3;
+    a.tp = (int32_t)(n_devices ? n_devices : 1);
+    a.kv_blocks = KV_BLOCKS;
+    a.block_size = BLOCK_SIZE;
+    a.next_hop = "127.0.0.1:1";
+    a.backend = (char *)backend;
+    a.devices = devices;
+    a.n_devices = n_devices;
+    Strata__V1__ControlMessage m = STRATA__V1__CONTROL_MESSAGE__INIT;
+    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN;
+    m.assign = &a;
+    send_control(c->p, &m);
+}
+
 static void send_assign(struct conn *c, uint32_t stage, const char *model, int first, int last,
                         const char *next_hop)
 {
@@ -547,6 +571,31 @@ int main(int argc, char **argv)
     REQUIRE_MSG(pump(30, a_ready_is, &one), "no StageReady for a bad model path");
     CHECK(!g.w[0].ready_ok);
     CHECK_MSG(strstr(g.w[0].ready_error, "/nonexistent/strata/model.gguf") != NULL, "error: '%s'", g.w[0].ready_error);
+
+    /* 1b. the backend of the assignment: an unknown one and a CPU device list
+     * are refused; "cuda" without a GPU is the stage's clean error. */
+    {
+        int32_t devs[2] = {0, 1};
+        int k = 2;
+        send_assign_backend(&g.w[0], model, "tpu", NULL, 0);
+        REQUIRE_MSG(pump(30, a_ready_is, &k), "no StageReady for backend tpu");
+        CHECK(!g.w[0].ready_ok);
+        CHECK_MSG(strstr(g.w[0].ready_error, "backend 'tpu' is not cpu or cuda") != NULL, "error: '%s'", g.w[0].ready_error);
+        k++;
+        send_assign_backend(&g.w[0], model, "cpu", devs, 2);
+        REQUIRE_MSG(pump(30, a_ready_is, &k), "no StageReady for a cpu device list");
+        CHECK(!g.w[0].ready_ok);
+        CHECK_MSG(strstr(g.w[0].ready_error, "backend cpu takes no device list") != NULL, "error: '%s'", g.w[0].ready_error);
+        st_err re;
+        const backend_module *cuda = backend_registry_get("cuda", &re);
+        if (!cuda || cuda->device_count() == 0) {
+            k++;
+            send_assign_backend(&g.w[0], model, "cuda", devs, 1);
+            REQUIRE_MSG(pump(30, a_ready_is, &k), "no StageReady for backend cuda");
+            CHECK(!g.w[0].ready_ok);
+            CHECK_MSG(strstr(g.w[0].ready_error, "backend cuda: no CUDA device") != NULL, "error: '%s'", g.w[0].ready_error);
+        }
+    }
 
     /* ACTIVATIONS before any assignment (w1 is idle) */
     {

@@ -138,6 +138,14 @@ static void test_token(void)
     b.last_layer = 4;
     CHECK(!assign_token_ok(k, &b));
     b = a;
+    b.backend = "cuda"; /* the backend and the device list are signed too */
+    CHECK(!assign_token_ok(k, &b));
+    int32_t devs[2] = {0, 1};
+    b = a;
+    b.devices = devs;
+    b.n_devices = 2;
+    CHECK(!assign_token_ok(k, &b));
+    b = a;
     b.token.len = 16;
     CHECK(!assign_token_ok(k, &b));
     cluster_key_free(k);
