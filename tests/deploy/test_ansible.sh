@@ -185,7 +185,7 @@ ctl_in() { "$c/usr/local/bin/stratactl" --addr "127.0.0.1:$grpc_port" --ca "$ca/
 "$here/local_service.sh" start "$c" strata-coordinator
 "$here/local_service.sh" start "$tmp/root/w1" strata-worker
 "$here/local_service.sh" start "$tmp/root/w2" strata-worker
-check "w1 ran strata-topo (ExecStartPre)" grep -q '^# NCCL_IB_\* from strata-topo' "$tmp/root/w1/run/strata-worker/nccl.env"
+check "w1 ran strata-topo (ExecStartPre)" grep -q '^# NCCL/UCX fabric settings from strata-topo' "$tmp/root/w1/run/strata-worker/nccl.env"
 serving=0
 for _ in $(seq 120); do
   if ctl_in --json status 2> /dev/null | grep -q '"serving": *true'; then serving=1; break; fi
@@ -268,26 +268,19 @@ play site.yml -e "strata_stratactl=$c/usr/local/bin/stratactl" -e "strata_ctl_tl
   > "$tmp/upgrade2.log" 2>&1 || true
 check "site.yml with nothing changed restarts nothing" bash -c "! grep -qE 'TASK \[Drain w[12]\]' '$tmp/upgrade2.log' && grep -qE '^w1 .*changed=0 .*failed=0' '$tmp/upgrade2.log'"
 
+# An inventory of one host in both groups (copy mode, plaintext control plane).
+one_host_inventory() {
+  printf '%s\n' "[strata_coordinator]" "$1 ansible_host=127.0.0.1" "" "[strata_workers]" "$1" "" "[all:vars]" \
+    "ansible_connection=local" "ansible_python_interpreter=/usr/bin/python3" "strata_install_method=copy" \
+    "strata_local_build_dir=$build" "strata_model_src=$shared/models/stories260K.gguf" "strata_insecure=true" > "$2"
+}
+
 # 6. Ownership and instances (a separate root; the owner is set to nobody:nogroup).
 o=$tmp/own
 mkdir -p "$o/usr/local/bin" "$o/etc/systemd/system"
 chown 0:50 "$o/usr/local/bin" "$o/etc/systemd/system" 2> /dev/null && chmod 2775 "$o/usr/local/bin" && owned=1 || owned=0
 before_bin=$(stat -c '%u:%g %a' "$o/usr/local/bin"); before_unit=$(stat -c '%u:%g %a' "$o/etc/systemd/system")
-cat > "$tmp/inv-own.ini" <<INV
-[strata_coordinator]
-own ansible_host=127.0.0.1
-
-[strata_workers]
-own
-
-[all:vars]
-ansible_connection=local
-ansible_python_interpreter=/usr/bin/python3
-strata_install_method=copy
-strata_local_build_dir=$build
-strata_model_src=$shared/models/stories260K.gguf
-strata_insecure=true
-INV
+one_host_inventory own "$tmp/inv-own.ini"
 own_play() {
   ( cd "$src/ansible" && ansible-playbook -i "$tmp/inv-own.ini" -e strata_manage_system=false -e "strata_root=$o" \
       -e strata_set_owner=true -e strata_user=nobody -e strata_group=nogroup \
@@ -319,21 +312,7 @@ check "ownership run 2: changed=0" grep -qE '^own .*changed=0 .*failed=0' "$tmp/
 # 7. --check --diff on a new host: system management on, with a user and group
 # that do not exist (no apt, no systemctl). It must pass and create nothing.
 nu=strata-t$$
-cat > "$tmp/inv-new.ini" <<INV
-[strata_coordinator]
-new ansible_host=127.0.0.1
-
-[strata_workers]
-new
-
-[all:vars]
-ansible_connection=local
-ansible_python_interpreter=/usr/bin/python3
-strata_install_method=copy
-strata_local_build_dir=$build
-strata_model_src=$shared/models/stories260K.gguf
-strata_insecure=true
-INV
+one_host_inventory new "$tmp/inv-new.ini"
 ( cd "$src/ansible" && ansible-playbook -i "$tmp/inv-new.ini" --check --diff -e strata_manage_system=true \
     -e strata_install_packages=false -e strata_manage_services=false -e "strata_root=$tmp/new" \
     -e "strata_user=$nu" -e "strata_group=$nu" site.yml ) > "$tmp/new.log" 2>&1 || true

@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 from harness import (FAILS, LiveBase, check, check_streams, control_stubs, free_port, reap,  # noqa: E402
-                     sse_events, stream_all, wait_for)
+                     sse_completion, stream_all, wait_for)
 from cluster_test import Cluster  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom", "A big red ball",
@@ -61,32 +61,18 @@ SHORT, LONG = 40, 300
 
 
 def stream(port, prompt, n, on_chunk=None):
-    """One greedy SSE completion: (saw [DONE], ids, [(code, message)] of the error events)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    """harness.sse_completion with the exceptions caught: (saw [DONE], ids,
+    error messages); on_chunk(token count so far)."""
     try:
-        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                "stream": True, "return_token_ids": True}
-        c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        if r.status != 200:
-            return False, [], [("http-%d" % r.status, r.read()[:300])]
-        ids, errors, done = [], [], False
-        for ch in sse_events(r):
-            if ch is None:
-                done = True
-                break
-            if "error" in ch:
-                errors.append((ch["error"].get("code"), ch["error"].get("message", "")))
-                continue
-            ids += ch["choices"][0].get("token_ids", [])
-            if on_chunk:
-                on_chunk(len(ids))
-        return done, ids, errors
+        return sse_completion(port, prompt, n, (lambda ids, k: on_chunk(len(ids))) if on_chunk else None,
+                              timeout=60)
     except Exception as e:  # noqa: BLE001 - reported as a failure
-        return False, [], [("exception", repr(e))]
-    finally:
-        c.close()
+        return False, [], ["exception: %r" % e]
+
+
+# The error event's message: at the end of the grace period, or at a second signal.
+SHUTDOWN_MSG = ("the server shut down before this completion finished",
+                "the server is shutting down (second signal")
 
 
 def post(port, body, headers=None, timeout=120):
@@ -216,7 +202,7 @@ def mode_shutdown(args, second_signal=False):
             elif not errs:  # a short stream that finished before the second signal
                 check(lengths[i] == SHORT and ids == ref, "stream %d finished with the reference tokens" % i)
             else:
-                check(len(errs) == 1 and errs[0][0] == "shutting_down",
+                check(len(errs) == 1 and errs[0].startswith(SHUTDOWN_MSG),
                       "stream %d (%d tokens) ends with one shutting_down error event (%s)" % (i, lengths[i], errs[:2]))
                 check(0 < len(ids) < lengths[i] and ids == ref[:len(ids)],
                       "stream %d: its %d tokens before the end are the reference's prefix" % (i, len(ids)))
