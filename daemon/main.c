@@ -40,6 +40,7 @@
 #include "common/notify.h"
 #include "common/version.h"
 #include "daemon/registration.h"
+#include "ib/fabric_env.h"
 #include "daemon/worker.h"
 #include "daemon/worker_metrics.h"
 
@@ -68,6 +69,22 @@ struct worker_cli {
 
 static int parse_options(int argc, char **argv, struct worker_cli *o);
 static int run(const struct worker_cli *o);
+
+/* The NCCL/UCX fabric settings of this node's topology (ib/fabric_env.h),
+ * set in this process's environment before UCX (and NCCL, in a CUDA stage)
+ * initialise; a variable the operator set wins, and the log says which did. */
+static void apply_fabric_env(void)
+{
+    fabric_node *n = calloc(1, sizeof *n);
+    fabric_env e;
+    st_err err = {{0}};
+    if (!n) return;
+    if (fabric_scan("/", n, &err) == 0 && fabric_derive(n, NULL, &e, &err) == 0)
+        fabric_env_apply(&e);
+    else
+        ST_WARN("fabric: NCCL/UCX settings not derived: %s", err.msg);
+    free(n);
+}
 
 int main(int argc, char **argv)
 {
@@ -363,6 +380,7 @@ static int run(const struct worker_cli *o)
         event_base_free(base);
         return 1;
     }
+    apply_fabric_env();
     worker_opts wo = {.listen_host = o->host, .listen_port = o->port, .name = o->name, .n_threads = o->threads,
                       .models = (const char *const *)o->models, .n_models = o->n_models, .key = key,
                       .model_dir = o->model_dir};

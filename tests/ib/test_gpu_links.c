@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ib/gpu_links.h"
+#include "ib/nvml_links.h"
 #include "tests/testutil.h"
 
 #ifndef FIXTURES
@@ -163,7 +164,36 @@ static void test_bad_input(void) {
     bad("\tGPU0\nGPU0\t X \nGPU3\t X \n", "row GPU3 has no column");
 }
 
+/* NVLink through a fake NVML (tests/ib/fake_nvml.c: GPUs 0-5 NVSwitched with
+ * 18 links, 6-7 none) over a PCIe-only matrix; a missing NVML is an error
+ * that leaves the matrix alone. */
+static void test_nvml(void) {
+    gpu_links l;
+    st_err err = {{0}};
+    CHECK_EQ_INT(gpu_links_parse_smi(slurp("2socket-4gpu.txt"), &l, &err), 0);
+    gpu_links before = l;
+    CHECK_EQ_INT(nvml_overlay_nvlinks(&l, "/nonexistent/libnvidia-ml.so.1", &err), -1);
+    CHECK(strstr(err.msg, "nvml: ") != NULL);
+    CHECK(memcmp(&l, &before, sizeof l) == 0);
+    CHECK_EQ_INT(nvml_overlay_nvlinks(&l, FAKE_NVML, &err), 8);
+    CHECK_EQ_INT(l.n_gpu, 8); /* NVML saw more GPUs than the matrix had */
+    CHECK_EQ_STR(cls(l.gg[0][5]), "NV18");
+    CHECK_EQ_STR(cls(l.gg[1][0]), "NV18");
+    CHECK_EQ_STR(cls(l.gg[0][2]), "NV18"); /* was SYS on PCIe: NVLink wins */
+    CHECK_EQ_STR(cls(l.gg[6][7]), "?");   /* unknown PCIe class, no NVLink */
+    CHECK_EQ_STR(cls(l.gg[7][7]), "X");
+    char why[160];
+    CHECK_EQ_INT(gpu_links_tp_rule(&l, why, sizeof why), 4); /* 6 NVLinked -> 4 */
+    CHECK_EQ_STR(why, "6 of 8 GPUs NVLinked (NV18 or more)");
+    /* This machine (no GPU in sysfs and no NVML where the tests run). */
+    gpu_links here;
+    CHECK_EQ_INT(node_links_detect("/", &here, &err), 0);
+    if (here.n_gpu == 0) CHECK_EQ_INT(gpu_links_tp_rule(&here, NULL, 0), 0);
+    else CHECK(gpu_links_tp_rule(&here, NULL, 0) >= 1);
+}
+
 int main(void) {
+    test_nvml();
     test_dgx();
     test_pcie_box();
     test_two_socket();
