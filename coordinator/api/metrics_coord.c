@@ -29,6 +29,7 @@ struct coord_metrics {
     double fwd_sum_seen[COORD_STATS_MAX_STAGES];
     uint64_t fwd_epoch[COORD_STATS_MAX_STAGES];
     double last_hop_s[COORD_STATS_MAX_STAGES], last_hops[COORD_STATS_MAX_STAGES];
+    char hop_worker[COORD_STATS_MAX_STAGES][COORD_NAME_LEN];
     metrics_series *recoveries, *resumed, *recomputed; /* live mode's recovery counters */
     metrics_series *fenced;
     metrics_kv kv; /* the KV scheduling metrics (metrics_kv.h) */
@@ -80,6 +81,16 @@ static void collect_stage(coord_metrics *m, int i, const char *const *v, const c
     double dsum = s->fwd_sum_s - m->fwd_sum_seen[i];
     m->fwd_sum_seen[i] = s->fwd_sum_s;
     metrics_histogram_merge(metrics_with(m->fwd, v, NULL), d, COORD_FWD_N_BOUNDS + 1, dsum > 0 ? dsum : 0);
+    /* The hop counters are the worker's, over its life: when another worker
+     * takes the stage (a new placement), its earlier hops (of another stage,
+     * perhaps) do not count here; only what it adds from now. */
+    if (strcmp(m->hop_worker[i], s->worker) != 0) {
+        if (m->hop_worker[i][0]) {
+            m->last_hops[i] = (double)s->hops;
+            m->last_hop_s[i] = s->hop_sum_s;
+        }
+        snprintf(m->hop_worker[i], sizeof m->hop_worker[i], "%s", s->worker);
+    }
     metrics_counter_add(metrics_with(m->hops, v, NULL), grown((double)s->hops, &m->last_hops[i]));
     metrics_counter_add(metrics_with(m->hop_s, v, NULL), grown(s->hop_sum_s, &m->last_hop_s[i]));
     metrics_gauge_set(metrics_with(m->load, v, NULL), s->load_seconds);

@@ -1348,6 +1348,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
         out->stages[i].hops = l->hops;
         out->stages[i].hop_sum_s = l->hop_sum_s;
         out->stages[i].load_seconds = l->state == LINK_READY ? l->load_seconds : 0;
+        snprintf(out->stages[i].worker, sizeof out->stages[i].worker, "%s", l->worker_name);
         out->n_stages = i + 1;
         if (!out->workers) continue;
         coord_worker_stats *w = &out->workers[i];

@@ -109,6 +109,7 @@ typedef struct coord_stage_stats {
     uint64_t hops;
     double hop_sum_s;
     double load_seconds;     /* how long the stage's latest load took (StageReady); 0 = not loaded */
+    char worker[COORD_NAME_LEN]; /* the worker whose StageStats these are ("" = none yet) */
 } coord_stage_stats;
 
 typedef struct coord_worker_stats {
