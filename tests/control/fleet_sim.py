@@ -136,3 +136,60 @@ def percentile(xs, p):
         return float("nan")
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(p / 100.0 * (len(s) - 1))))]
+
+
+def main():
+    """One simulator process of bench/control_scale.py: runs n workers for
+    --seconds, prints {"registered_at": wall time all had registered} when
+    they all have, and writes its statistics as JSON to --out."""
+    import argparse
+    import json
+    import resource
+    import sys
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--addr", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--sha")
+    ap.add_argument("--proto-dir", required=True, help="folder with control_pb2(_grpc).py")
+    ap.add_argument("-n", type=int, required=True)
+    ap.add_argument("--first", type=int, default=0)
+    ap.add_argument("--prefix", default="sim")
+    ap.add_argument("--seconds", type=float, required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    sys.path.insert(0, a.proto_dir)
+    import grpc
+    import grpc.aio  # noqa: F401
+    import control_pb2
+    import control_pb2_grpc
+    f = Fleet(grpc, control_pb2, control_pb2_grpc, a.addr, a.model, a.n, prefix=a.prefix, sha=a.sha, first=a.first)
+    hb_t = []
+    lat = f.hb_lat
+
+    class Stamped(list):  # heartbeat latencies with their wall-clock time
+        def append(self, v):
+            hb_t.append((time.time(), v))
+    f.hb_lat = Stamped()
+
+    async def watch():
+        while f.all_registered_at is None and not f.stopping:
+            await asyncio.sleep(0.02)
+        if f.all_registered_at is not None:
+            print(json.dumps({"registered_at": time.time() - (time.monotonic() - f.all_registered_at)}), flush=True)
+
+    async def go():
+        w = asyncio.ensure_future(watch())
+        await f.run(seconds=a.seconds)
+        w.cancel()
+    asyncio.run(go())
+    del lat
+    with open(a.out, "w") as fh:
+        json.dump({"hb": hb_t, "reg_lat": f.reg_lat, "reg_misses": f.reg_misses, "hb_misses": f.hb_misses,
+                   "reregisters": f.reregisters, "errors": f.errors, "first_error": f.first_error,
+                   "registered": f.registered}, fh)
+
+
+if __name__ == "__main__":
+    main()

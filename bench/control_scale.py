@@ -1,0 +1,167 @@
+#!/usr/bin/python3
+"""control_scale.py — the control plane under N simulated workers (issue 18).
+
+For each N: a fresh strata-coordinator --live (no placement: --min-workers
+above N, so only the control plane works), then N simulated workers
+(tests/control/fleet_sim.py: one gRPC channel each, Register, then a
+Heartbeat every second) started all at once, split over processes of at most
+--per-proc workers (Python asyncio on grpc.aio). Prints one row per N:
+
+  cpu%       the coordinator's CPU (utime + stime, % of one core) over the
+             steady window (--window s, after every node is ready)
+  rss        the coordinator's RSS at the end of the window
+  hb p50/p99 Heartbeat round trips seen by the simulators in the window (ms;
+             includes the simulators' own scheduling delay)
+  cold       cold start: from the simulators' start until ListNodes shows all
+             N nodes ready (s)
+  misses     Register / Heartbeat calls past their 2 s deadline
+  suspects   nodes the coordinator declared suspect or dead ("is suspect",
+             "is dead" in its log) + heartbeats answered reregister after the
+             cold start: false suspects, since every simulator is alive
+  nodes      `stratactl nodes` wall time (median of 3, ms)
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "control"))
+from harness import control_stubs, free_port, wait_for  # noqa: E402
+import fleet_sim  # noqa: E402
+
+
+def cpu_ticks(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return int(parts[11]) + int(parts[12])  # utime + stime
+
+
+def rss_mb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def one(args, n, grpc, pb, pbg, pydir, sha):
+    tmp = tempfile.mkdtemp(prefix="strata-scale-")
+    cfg = os.path.join(tmp, "cluster.ini")
+    with open(cfg, "w") as f:
+        f.write("[cluster]\nmodel = %s\nkv_blocks = 256\n" % args.model)
+    port = free_port()
+    addr = "127.0.0.1:%d" % port
+    log = os.path.join(tmp, "coordinator.log")
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+    coord = subprocess.Popen([args.coordinator, "--live", "--config", cfg, "--listen", "127.0.0.1:%d" % free_port(),
+                              "--grpc-listen", addr, "--state", os.path.join(tmp, "state.json"),
+                              "--min-workers", str(10 * n + 1)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                             env=env)
+    chan = grpc.insecure_channel(addr)
+    stub = pbg.ControlStub(chan)
+    sims = []
+    row = {"n": n}
+    try:
+        if not wait_for(lambda: stub.GetStatus(pb.GetStatusRequest(), timeout=2) is not None, 60, 0.1):
+            raise RuntimeError("the coordinator did not start: %s" % open(log).read()[-500:])
+        k = (n + args.per_proc - 1) // args.per_proc
+        total_s = args.settle + args.window + args.cold_max + 5
+        t0 = time.time()
+        for i in range(k):
+            lo, hi = i * n // k, (i + 1) * n // k
+            sims.append((subprocess.Popen(
+                [sys.executable, fleet_sim.__file__, "--addr", addr, "--model", args.model, "--sha", sha,
+                 "--proto-dir", pydir, "-n", str(hi - lo), "--first", str(lo), "--seconds", str(total_s),
+                 "--out", os.path.join(tmp, "sim%d.json" % i)], stdout=subprocess.PIPE, text=True), i))
+
+        def ready():
+            nodes = stub.ListNodes(pb.ListNodesRequest(), timeout=30).nodes
+            return sum(1 for x in nodes if x.state == pb.NODE_STATE_READY)
+        ok = wait_for(lambda: ready() == n, args.cold_max, 0.2)
+        row["cold_s"] = time.time() - t0 if ok else float("nan")
+        time.sleep(args.settle)
+        c0, w0 = cpu_ticks(coord.pid), time.time()
+        lat = []
+        for _ in range(3):
+            t = time.time()
+            subprocess.run([args.stratactl, "--addr", addr, "nodes"], stdout=subprocess.DEVNULL, timeout=60)
+            lat.append(time.time() - t)
+            time.sleep(args.window / 4.0)
+        time.sleep(max(0.0, args.window - (time.time() - w0)))
+        c1, w1 = cpu_ticks(coord.pid), time.time()
+        row["cpu_pct"] = 100.0 * (c1 - c0) / os.sysconf("SC_CLK_TCK") / (w1 - w0)
+        row["rss_mb"] = rss_mb(coord.pid)
+        row["nodes_ms"] = 1000 * statistics.median(lat)
+        hb, stats = [], {"reg_misses": 0, "hb_misses": 0, "reregisters": 0, "errors": 0}
+        for p, i in sims:
+            p.wait(timeout=total_s + 120)
+            with open(os.path.join(tmp, "sim%d.json" % i)) as f:
+                d = json.load(f)
+            hb += [v for t, v in d["hb"] if w0 <= t <= w1]
+            for key in stats:
+                stats[key] += d[key]
+            if d["first_error"]:
+                row.setdefault("first_error", d["first_error"])
+        hb.sort()
+        row["hb_p50_ms"] = 1000 * fleet_sim.percentile(hb, 50)
+        row["hb_p99_ms"] = 1000 * fleet_sim.percentile(hb, 99)
+        row["hb_samples"] = len(hb)
+        row.update(stats)
+        text = open(log, errors="replace").read()
+        row["suspects"] = len(re.findall(r"registry: \S+ is (?:suspect|dead)", text))
+        return row
+    finally:
+        for p, _ in sims:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        chan.close()
+        coord.terminate()
+        try:
+            coord.wait(30)
+        except subprocess.TimeoutExpired:
+            coord.kill()
+            coord.wait()
+        if args.keep:
+            print("kept %s" % tmp, file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--stratactl", required=True)
+    ap.add_argument("--proto", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--sizes", default="1000,5000,10000")
+    ap.add_argument("--per-proc", type=int, default=2500)
+    ap.add_argument("--window", type=float, default=15.0)
+    ap.add_argument("--settle", type=float, default=3.0)
+    ap.add_argument("--cold-max", type=float, default=120.0)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    pydir = tempfile.mkdtemp(prefix="strata-scale-py-")
+    grpc, pb, pbg = control_stubs(args.proto, pydir)
+    sha = fleet_sim.model_sha256(args.model)
+    print("%6s %6s %7s %9s %9s %7s %11s %9s %9s" % ("N", "cpu%", "rss MB", "hb p50ms", "hb p99ms", "cold s",
+                                                  "misses r/h", "suspects", "nodes ms"), flush=True)
+    for n in [int(x) for x in args.sizes.split(",")]:
+        r = one(args, n, grpc, pb, pbg, pydir, sha)
+        print("%6d %6.1f %7.1f %9.2f %9.2f %7.2f %5d/%-5d %9d %9.1f" % (
+            n, r["cpu_pct"], r["rss_mb"], r["hb_p50_ms"], r["hb_p99_ms"], r["cold_s"], r["reg_misses"],
+            r["hb_misses"], r["suspects"] + r["reregisters"], r["nodes_ms"]), flush=True)
+        print("       " + json.dumps(r), file=sys.stderr, flush=True)
+    shutil.rmtree(pydir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
