@@ -369,6 +369,14 @@ static int cmd_nodes(rpc_client *c, const opts *o) {
                    serving ? "serving" : state_name(n->state), age, devs, mem,
                    n->data_address[0] ? n->data_address : "-", n->running_sequences, kv,
                    n->busy_fraction * 100.0);
+            /* GPU nodes: each GPU and the link summary (TP rule), on lines of their own. */
+            for (size_t d = 0; d < n->n_devices; d++)
+                for (size_t g = 0; g < n->devices[d]->n_gpus; g++) {
+                    const Strata__V1__Gpu *gp = n->devices[d]->gpus[g];
+                    fmt_bytes(each, sizeof each, gp->memory_bytes);
+                    printf("  gpu %zu: %s, %s, %s\n", g, gp->name, each, gp->pci_bus_id[0] ? gp->pci_bus_id : "-");
+                }
+            if (n->link_summary && n->link_summary[0]) printf("  links: %s\n", n->link_summary);
         }
     }
     if (pl) protobuf_c_message_free_unpacked(&pl->base, NULL);

@@ -3,6 +3,9 @@
  * coordinator's strata.v1.Control service. */
 #include "daemon/registration.h"
 
+#include "compute/registry.h"
+#include "ib/nvml_links.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -137,6 +140,37 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
     dev.count = (uint32_t)cores;
     dev.memory_bytes = mem / (uint64_t)cores;
     Strata__V1__Device *devp = &dev;
+    /* GPUs through the backend registry (the cuda module, when it loads and
+     * sees one) and the link matrix's TP rule (ib/nvml_links.h). */
+    backend_device_info gi[16];
+    Strata__V1__Gpu gpus[16], *gpup[16];
+    int n_gpu = 0;
+    if (!strcmp(backend_registry_detect(gi, 16, &n_gpu), "cuda") && n_gpu > 0) {
+        dev.kind = "cuda";
+        dev.count = (uint32_t)n_gpu;
+        dev.memory_bytes = gi[0].memory_bytes;
+        for (int i = 0; i < n_gpu; i++) {
+            strata__v1__gpu__init(&gpus[i]);
+            gpus[i].name = gi[i].name;
+            gpus[i].memory_bytes = gi[i].memory_bytes;
+            gpus[i].pci_bus_id = gi[i].pci_bus_id;
+            gpup[i] = &gpus[i];
+            if (gi[i].memory_bytes < dev.memory_bytes) dev.memory_bytes = gi[i].memory_bytes;
+        }
+        dev.gpus = gpup;
+        dev.n_gpus = (size_t)n_gpu;
+    }
+    gpu_links links;
+    char summary[256] = "";
+    uint32_t tp_limit = 0;
+    st_err lerr;
+    if (n_gpu > 0 && node_links_detect("/", &links, &lerr) == 0) {
+        if (links.n_gpu < n_gpu) links.n_gpu = 0; /* sysfs and NVML saw fewer: no rule */
+        if (links.n_gpu > 0) {
+            tp_limit = (uint32_t)gpu_links_tp_rule(&links, NULL, 0);
+            gpu_links_summary(&links, summary, sizeof summary);
+        }
+    }
     Strata__V1__ModelFile *mf = calloc((size_t)(r->n_models ? r->n_models : 1), sizeof *mf);
     Strata__V1__ModelFile **mfp = calloc((size_t)(r->n_models ? r->n_models : 1), sizeof *mfp);
     if (!mf || !mfp) {
@@ -160,6 +194,8 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
     q.data_address = r->data_address;
     q.models = mfp;
     q.n_models = (size_t)r->n_models;
+    q.tp_limit = tp_limit;
+    q.link_summary = summary;
     ProtobufCMessage *out = NULL;
     int rc = unary(c, SVC "Register", &q.base, &strata__v1__register_reply__descriptor, &out, st);
     free(mf);

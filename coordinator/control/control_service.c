@@ -88,9 +88,8 @@ static uint64_t node_memory(const reg_node *n) {
     return (uint64_t)n->device_count * n->device_memory;
 }
 
-static int node_tp(const reg_node *n) {
-    return !strcmp(n->device_kind, "cpu") ? 1 : (int)n->device_count;
-}
+/* The seed's TP rule (placement.h, place_node_tp). */
+static int node_tp(const reg_node *n) { return place_node_tp(n->device_kind, n->device_count, n->tp_limit); }
 
 static int cmp_node(const void *a, const void *b) {
     return strcmp(((const place_node *)a)->name, ((const place_node *)b)->name);
@@ -305,7 +304,20 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
                          r->node, mine->name, mine->sha256);
         return;
     }
+    reg_gpu gpus[REG_GPU_MAX];
+    int n_gpus = 0;
+    for (size_t i = 0; r->n_devices && i < r->devices[0]->n_gpus && n_gpus < REG_GPU_MAX; i++, n_gpus++) {
+        const Strata__V1__Gpu *g = r->devices[0]->gpus[i];
+        memset(&gpus[n_gpus], 0, sizeof gpus[n_gpus]);
+        snprintf(gpus[n_gpus].name, sizeof gpus[n_gpus].name, "%s", g->name);
+        gpus[n_gpus].memory = g->memory_bytes;
+        snprintf(gpus[n_gpus].pci_bus_id, sizeof gpus[n_gpus].pci_bus_id, "%s", g->pci_bus_id);
+    }
     reg_info in = {.name = r->node,
+                   .tp_limit = r->tp_limit,
+                   .link_summary = r->link_summary,
+                   .n_gpus = n_gpus,
+                   .gpus = gpus,
                    .device_kind = r->n_devices ? r->devices[0]->kind : "cpu",
                    .device_count = r->n_devices ? r->devices[0]->count : 1,
                    .device_memory = r->n_devices ? r->devices[0]->memory_bytes : r->host_memory_bytes,
@@ -389,8 +401,13 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
     Strata__V1__NodeInfo **ptrs = calloc((size_t)(n ? n : 1), sizeof *ptrs);
     Strata__V1__Device *devs = calloc((size_t)(n ? n : 1), sizeof *devs);
     Strata__V1__Device **devp = calloc((size_t)(n ? n : 1), sizeof *devp);
-    if (!infos || !ptrs || !devs || !devp) {
-        free(infos), free(ptrs), free(devs), free(devp);
+    size_t n_gpu = 1;
+    for (int i = 0; i < n; i++) n_gpu += (size_t)s->reg.nodes[i].n_gpus;
+    Strata__V1__Gpu *gpus = calloc(n_gpu, sizeof *gpus);
+    Strata__V1__Gpu **gpup = calloc(n_gpu, sizeof *gpup);
+    size_t gk = 0;
+    if (!infos || !ptrs || !devs || !devp || !gpus || !gpup) {
+        free(infos), free(ptrs), free(devs), free(devp), free(gpus), free(gpup);
         rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
@@ -407,6 +424,17 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
         devs[i].kind = rn->device_kind;
         devs[i].count = rn->device_count;
         devs[i].memory_bytes = rn->device_memory;
+        devs[i].gpus = &gpup[gk];
+        devs[i].n_gpus = (size_t)rn->n_gpus;
+        for (int g = 0; g < rn->n_gpus; g++, gk++) {
+            strata__v1__gpu__init(&gpus[gk]);
+            gpus[gk].name = rn->gpus[g].name;
+            gpus[gk].memory_bytes = rn->gpus[g].memory;
+            gpus[gk].pci_bus_id = rn->gpus[g].pci_bus_id;
+            gpup[gk] = &gpus[gk];
+        }
+        o->tp_limit = rn->tp_limit;
+        o->link_summary = rn->link_summary;
         devp[i] = &devs[i];
         o->devices = &devp[i];
         o->n_devices = rn->state ? 1 : 0;
@@ -425,7 +453,7 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
     out.nodes = ptrs;
     out.n_nodes = (size_t)n;
     ctl_reply(c, &out.base);
-    free(infos), free(ptrs), free(devs), free(devp);
+    free(infos), free(ptrs), free(devs), free(devp), free(gpus), free(gpup);
 }
 
 /* ---------------------------------------------------------------- authorization */

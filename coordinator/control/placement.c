@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "rpc/rpc_code.h"
 
 const char *place_fmt_bytes(uint64_t b, char *buf, size_t cap) {
@@ -198,6 +199,11 @@ int place_check_explicit(const place_model *m, const place_node *nodes, int n, c
         }
         p.st[s] = *st;
         if (p.st[s].tp <= 0) p.st[s].tp = nodes[ni].tp > 0 ? nodes[ni].tp : 1;
+        else if (nodes[ni].tp > 0 && p.st[s].tp > nodes[ni].tp)
+            /* The operator asked for more than the node's link rule allows
+             * (ib/gpu_links.h: NVLink, at most 2 over PCIe): honoured. */
+            ST_WARN("placement: stage %d on %s: TP %d is above the %d its GPU links allow (operator override; "
+                    "all-reduces cross PCIe)", s, st->node, p.st[s].tp, nodes[ni].tp);
     }
     if (next != L)
         return fail(code, RPC_INVALID_ARGUMENT, err, "layers %d-%d are not covered (after the last stage)",
@@ -206,4 +212,11 @@ int place_check_explicit(const place_model *m, const place_node *nodes, int n, c
     p.n_layers = L;
     *out = p;
     return 0;
+}
+
+int place_node_tp(const char *device_kind, uint32_t device_count, uint32_t tp_limit) {
+    if (!device_kind || !strcmp(device_kind, "cpu")) return 1;
+    uint32_t limit = tp_limit ? tp_limit : 2;
+    uint32_t tp = device_count < limit ? device_count : limit;
+    return tp ? (int)tp : 1;
 }

@@ -83,4 +83,11 @@ int place_check_explicit(const place_model *m, const place_node *nodes, int n, c
 /* "12.3 MiB" into buf. */
 const char *place_fmt_bytes(uint64_t b, char *buf, size_t cap);
 
+/* The TP a node runs by the seed's rule (ib/gpu_links.h): 1 on a CPU node;
+ * on a GPU node the GPUs joined by NVLink, as the worker's link matrix
+ * reported in tp_limit, and never more than device_count; a GPU node that
+ * reported no limit gets the PCIe bound, 2. A placement naming a larger TP
+ * is the operator's override (place_check warns). */
+int place_node_tp(const char *device_kind, uint32_t device_count, uint32_t tp_limit);
+
 #endif

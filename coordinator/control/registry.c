@@ -134,6 +134,10 @@ int registry_register(registry *r, const reg_info *in, double now, uint64_t *lea
     n->device_memory = in->device_memory;
     n->host_memory = in->host_memory;
     n->numa_nodes = in->numa_nodes ? in->numa_nodes : 1;
+    n->tp_limit = in->tp_limit;
+    snprintf(n->link_summary, sizeof n->link_summary, "%s", in->link_summary ? in->link_summary : "");
+    n->n_gpus = in->n_gpus < REG_GPU_MAX ? (in->n_gpus > 0 ? in->n_gpus : 0) : REG_GPU_MAX;
+    for (int i = 0; i < n->n_gpus; i++) n->gpus[i] = in->gpus[i];
     snprintf(n->data_address, sizeof n->data_address, "%s", in->data_address);
     n->running_sequences = n->kv_blocks_used = n->kv_blocks_free = 0;
     n->busy_fraction = 0;

@@ -41,6 +41,15 @@ enum reg_state {
     REG_DRAINING = 5,
 };
 
+#define REG_GPU_MAX 16
+
+/* One GPU of a node (RegisterRequest's Device.gpus). */
+typedef struct reg_gpu {
+    char name[64];
+    uint64_t memory;   /* bytes */
+    char pci_bus_id[16];
+} reg_gpu;
+
 typedef struct reg_node {
     char name[REG_NAME_MAX];
     uint64_t lease;            /* 0: none (dead, or known from the state file only) */
@@ -51,6 +60,10 @@ typedef struct reg_node {
     uint32_t device_count;
     uint64_t device_memory;    /* bytes, each */
     uint64_t host_memory;      /* bytes */
+    uint32_t tp_limit;         /* the link matrix's TP rule (ib/gpu_links.h); 0 = not reported */
+    char link_summary[256];    /* one line for stratactl nodes; "" = none */
+    int n_gpus;
+    reg_gpu gpus[REG_GPU_MAX];
     uint32_t numa_nodes;
     char data_address[REG_ADDR_MAX];
     /* last heartbeat */
@@ -86,6 +99,10 @@ typedef struct reg_info {
     uint64_t device_memory, host_memory;
     uint32_t numa_nodes;
     const char *data_address;
+    uint32_t tp_limit;        /* 0 = not reported */
+    const char *link_summary; /* NULL = none */
+    int n_gpus;
+    const reg_gpu *gpus;
 } reg_info;
 
 void registry_init(registry *r, uint32_t heartbeat_ms, uint32_t suspect_after_missed,

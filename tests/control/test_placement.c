@@ -112,7 +112,7 @@ static void test_registry(void) {
     registry_init(&r, 100, 3, 1000, 42);
     st_err err = {{0}};
     uint64_t lease = 0;
-    reg_info in = {"n1", "cpu", 4, MIB, 4 * MIB, 1, "127.0.0.1:5000"};
+    reg_info in = {"n1", "cpu", 4, MIB, 4 * MIB, 1, "127.0.0.1:5000", 0, NULL, 0, NULL};
     CHECK(registry_register(&r, &in, 10.0, &lease, &err) == 0);
     CHECK(lease != 0);
     reg_node *n = registry_find(&r, "n1");
@@ -136,9 +136,9 @@ static void test_registry(void) {
     CHECK(lease2 != lease && lease2 != 0);
     CHECK_EQ_INT(registry_heartbeat(&r, "n1", lease2, NULL, 11.4), 0);
     CHECK_EQ_INT(n->state, REG_READY);
-    reg_info bad = {"", "cpu", 1, 1, 1, 1, "x:1"};
+    reg_info bad = {"", "cpu", 1, 1, 1, 1, "x:1", 0, NULL, 0, NULL};
     CHECK(registry_register(&r, &bad, 12, &lease, &err) != 0);
-    reg_info noaddr = {"n2", "cpu", 1, 1, 1, 1, ""};
+    reg_info noaddr = {"n2", "cpu", 1, 1, 1, 1, "", 0, NULL, 0, NULL};
     CHECK(registry_register(&r, &noaddr, 12, &lease, &err) != 0);
 
     /* undrain: only a DRAINING node goes back to READY */
@@ -199,7 +199,7 @@ static void test_registry_many(void) {
     for (int i = 0; i < 5000; i++) {
         snprintf(name, sizeof name, "node-%05d", i);
         uint64_t lease;
-        reg_info in = {name, "cpu", 1, MIB, MIB, 1, "127.0.0.1:1"};
+        reg_info in = {name, "cpu", 1, MIB, MIB, 1, "127.0.0.1:1", 0, NULL, 0, NULL};
         if (registry_register(&r, &in, 1.0, &lease, &err) != 0) CHECK(0);
     }
     CHECK_EQ_INT(r.n, 5000);
@@ -222,7 +222,7 @@ static void test_registry_many(void) {
     CHECK_EQ_INT(r.n, 5000 - 1667);
     /* a removed node that registers again is new */
     uint64_t lease;
-    reg_info again = {"node-00003", "cpu", 1, MIB, MIB, 1, "127.0.0.1:2"};
+    reg_info again = {"node-00003", "cpu", 1, MIB, MIB, 1, "127.0.0.1:2", 0, NULL, 0, NULL};
     CHECK(registry_register(&r, &again, 2.0, &lease, &err) == 0);
     CHECK(registry_find(&r, "node-00003")->registrations == 1);
     registry_free(&r);
@@ -287,7 +287,35 @@ static void test_journal(void) {
     unlink(path);
 }
 
+/* The seed's TP rule per node (place_node_tp) and the registry keeping what
+ * a GPU worker reported (link summary, GPUs). */
+static void test_node_tp(void) {
+    CHECK_EQ_INT(place_node_tp("cpu", 16, 0), 1);
+    CHECK_EQ_INT(place_node_tp("cuda", 8, 8), 8);  /* NVSwitch node */
+    CHECK_EQ_INT(place_node_tp("cuda", 8, 2), 2);  /* PCIe-only 8-GPU box: not 8 */
+    CHECK_EQ_INT(place_node_tp("cuda", 8, 0), 2);  /* links not reported: the PCIe bound */
+    CHECK_EQ_INT(place_node_tp("cuda", 1, 0), 1);
+    CHECK_EQ_INT(place_node_tp("cuda", 4, 8), 4);  /* never more than its GPUs */
+    registry r;
+    registry_init(&r, 1000, 3, 10000, 1);
+    reg_gpu g[2] = {{"NVIDIA H100 80GB HBM3", 85899345920ull, "0000:17:00.0"},
+                    {"NVIDIA H100 80GB HBM3", 85899345920ull, "0000:2a:00.0"}};
+    reg_info in = {"gpu-a", "cuda", 2, 85899345920ull, 4 * MIB, 2, "127.0.0.1:7001", 2, "2 GPU, TP<=2 (2 of 2 GPUs NVLinked (NV18 or more)); no NIC", 2, g};
+    uint64_t lease;
+    st_err err;
+    CHECK_EQ_INT(registry_register(&r, &in, 1.0, &lease, &err), 0);
+    const reg_node *n = registry_find(&r, "gpu-a");
+    REQUIRE(n);
+    CHECK_EQ_INT((int)n->tp_limit, 2);
+    CHECK_EQ_INT(n->n_gpus, 2);
+    CHECK_EQ_STR(n->gpus[1].pci_bus_id, "0000:2a:00.0");
+    CHECK(strstr(n->link_summary, "NVLinked") != NULL);
+    CHECK_EQ_INT(place_node_tp(n->device_kind, n->device_count, n->tp_limit), 2);
+    registry_free(&r);
+}
+
 int main(void) {
+    test_node_tp();
     test_auto();
     test_explicit();
     test_registry();
