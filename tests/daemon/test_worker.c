@@ -595,6 +595,7 @@ int main(int argc, char **argv)
             CHECK(!g.w[0].ready_ok);
             CHECK_MSG(strstr(g.w[0].ready_error, "backend cuda: no CUDA device") != NULL, "error: '%s'", g.w[0].ready_error);
         }
+        g.w[0].n_ready = 1; /* the count step 2 waits from (as after step 1) */
     }
 
     /* ACTIVATIONS before any assignment (w1 is idle) */
