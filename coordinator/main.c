@@ -280,10 +280,10 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
         case OPT_IDLE_TIMEOUT:
             if (opt_number("idle-timeout", optarg, 0, 86400, &o->idle_timeout) != 0) return 2;
             break;
-        case OPT_MAX_CONNECTIONS:
         case OPT_DEAD_NODE_EXPIRY:
             if (opt_number("dead-node-expiry", optarg, -1, 365 * 86400.0, &o->dead_node_expiry) != 0) return 2;
             break;
+        case OPT_MAX_CONNECTIONS:
         case OPT_MAX_REQUESTS_PER_KEY: {
             double v;
             bool conns = c == OPT_MAX_CONNECTIONS;
