@@ -55,7 +55,7 @@ for u in worker coordinator worker@; do
   done
 done
 wf=$src/systemd/strata-worker.service
-check "worker: strata-topo writes nccl.env before start" grep -qx 'ExecStartPre=-/usr/local/bin/strata-topo --nccl-env --output /run/strata-worker/nccl.env' "$wf"
+check "worker: strata-topo writes nccl.env before start" grep -qx 'ExecStartPre=-/usr/local/bin/strata-topo --nccl-env --output /run/strata-worker/nccl.env \$STRATA_TOPO_ARGS' "$wf"
 check "worker: nccl.env read before strata-worker.env (the operator's file wins)" \
   test "$(grep -n '^EnvironmentFile=-/run/strata-worker/nccl.env' "$wf" | cut -d: -f1)" -lt \
        "$(grep -n '^EnvironmentFile=/etc/strata/strata-worker.env' "$wf" | cut -d: -f1)"
