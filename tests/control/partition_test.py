@@ -59,6 +59,9 @@ class NetLive(LiveBase):
 
     def __init__(self, args, nb):
         super().__init__(args, "strata-partition-")
+        # Each forward 5 ms slower, so the streams are still running when the fault
+        # comes at KILL_AT tokens: on an idle machine 200 tokens take only ~0.3 s.
+        self.env.setdefault("STRATA_TEST_FORWARD_DELAY_MS", "5")
         self.nb = nb
         self.env.pop("UCX_NET_DEVICES", None)  # the bridge and the veths, not loopback
         self.grpc_addr = "%s:%d" % (nb.host_ip, self.grpc_port)

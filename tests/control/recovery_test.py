@@ -58,6 +58,9 @@ KILL_AT = 20
 class Live(LiveBase):
     def __init__(self, args, min_workers, extra=()):
         super().__init__(args, "strata-recovery-")
+        # Each forward 5 ms slower, so the streams are still running when the fault
+        # comes at KILL_AT tokens: on an idle machine 200 tokens take only ~0.3 s.
+        self.env.setdefault("STRATA_TEST_FORWARD_DELAY_MS", "5")
         self.killed = set()
         self.stopped = set()
         log = open(os.path.join(self.tmp, "coordinator.log"), "w")
