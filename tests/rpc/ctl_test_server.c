@@ -10,7 +10,11 @@
  * (exit 0). Extra test methods (unary, any bytes): /strata.v1.Test/Slow echoes
  * the request after 300 ms (deadline tests); /strata.v1.Test/Echo echoes it at
  * once from the rpc thread (a direct handler, no loop); /strata.v1.Test/NoReply
- * finishes OK without a reply (the server must turn that into INTERNAL).
+ * finishes OK without a reply (the server must turn that into INTERNAL);
+ * /strata.v1.Test/Block holds the loop for 600 ms, then echoes;
+ * /strata.v1.Test/Count answers the number of times its handler ran, as
+ * decimal text (a call whose deadline passed while it was queued behind Block
+ * must not run it: rpc/grpc_loop.h).
  *
  * Generate streams max_tokens chunks (default 8), one every --gen-delay-ms:
  * chunk i carries token_ids [100+i] and text " t<i>"; the last one has
@@ -474,6 +478,19 @@ static void h_slow(rpc_call *c, const rpc_request *req, void *ud) {
     evtimer_add(p->timer, &tv);
 }
 
+static void h_block(rpc_call *c, const rpc_request *req, void *ud) {
+    struct timespec ts = {0, 600 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* the whole loop waits: the calls behind it queue */
+    rpc_call_reply(c, req->bytes, req->len);
+}
+
+static void h_count(rpc_call *c, const rpc_request *req, void *ud) {
+    static int runs;
+    char buf[16];
+    int n = snprintf(buf, sizeof buf, "%d", ++runs);
+    rpc_call_reply(c, buf, (size_t)n);
+}
+
 /* Direct handlers: run on the rpc thread (rpc_server_add_method), answer at once. */
 static void h_echo(rpc_call *c, const rpc_request *req, void *ud) {
     rpc_call_reply(c, req->bytes, req->len);
@@ -554,6 +571,8 @@ int main(int argc, char **argv) {
         {SVC "Drain", RPC_KIND_UNARY, h_drain, &fx, &strata__v1__drain_request__descriptor},
         {SVC "Generate", RPC_KIND_SERVER_STREAM, h_generate, &fx, &strata__v1__generate_request__descriptor},
         {"/strata.v1.Test/Slow", RPC_KIND_UNARY, h_slow, &fx, NULL},
+        {"/strata.v1.Test/Block", RPC_KIND_UNARY, h_block, &fx, NULL},
+        {"/strata.v1.Test/Count", RPC_KIND_UNARY, h_count, &fx, NULL},
     };
     int rc = 0;
     if (!lp) rc = 1;

@@ -134,6 +134,16 @@ def main():
             code, msg = code_of(lambda: raw("/strata.v1.Test/Slow")(b"x", timeout=0.1))
             t.check(code == grpc.StatusCode.DEADLINE_EXCEEDED, "deadline: %s" % code)
             t.check(time.monotonic() - t0 < 1.0, "deadline is prompt")
+            # A call whose deadline passes while it waits behind a busy loop
+            # is answered DEADLINE_EXCEEDED and its handler never runs.
+            blocked = raw("/strata.v1.Test/Block").future(b"b", timeout=5)
+            time.sleep(0.1)  # Block holds the loop now
+            code, msg = code_of(lambda: raw("/strata.v1.Test/Count")(b"", timeout=0.2))
+            t.check(code == grpc.StatusCode.DEADLINE_EXCEEDED, "queued past its deadline: %s %s" % (code, msg))
+            t.check(blocked.result() == b"b", "the blocking call completes")
+            time.sleep(0.2)
+            n = raw("/strata.v1.Test/Count")(b"", timeout=5)
+            t.check(n == b"1", "the expired call's handler did not run: this is run %r" % n)
             # The server still serves after the errors.
             t.check(len(stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes) == 3,
                     "still serving")
