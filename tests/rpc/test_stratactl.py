@@ -46,7 +46,7 @@ def main():
         if names:
             n0 = doc["nodes"][0]
             t.check(n0["state"] == "NODE_STATE_REGISTERED", "json state")
-            t.check(n0["devices"] == [{"kind": "cpu", "count": 1, "memory_bytes": str(16 << 30)}],
+            t.check(n0["devices"] == [{"kind": "cpu", "count": 1, "memory_bytes": str(16 << 30), "gpus": []}],
                     "json devices: %r" % n0["devices"])
             t.check(n0["data_address"] == "127.0.0.1:7100", "json data address")
 
