@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -98,8 +99,18 @@ struct stage {
 
 /* ---------------------------------------------------------------- loading */
 
+/* Test-only hook (docs/worker.md): each loaded tensor takes N ms longer, so a
+ * test can cancel a load that the page cache would otherwise finish at once.
+ * Inert unless $STRATA_TEST_LOAD_DELAY_MS is set. */
+static void test_load_delay(void) {
+    const char *v = getenv("STRATA_TEST_LOAD_DELAY_MS");
+    long ms = v && *v ? strtol(v, NULL, 10) : 0;
+    if (ms > 0) nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
+}
+
 /* Counts a loaded tensor; -1 when the load was cancelled (stage_params.cancel). */
 static int progress(stage *s, size_t bytes) {
+    test_load_delay();
     if (s->p.cancel && atomic_load(s->p.cancel)) return -1;
     pthread_mutex_lock(&s->mu);
     s->load_done += bytes;

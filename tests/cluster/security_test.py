@@ -242,6 +242,9 @@ def mode_cancel(args):
     check(r.returncode == 0, "a 0.5 GiB synthetic model" + ("" if r.returncode == 0 else r.stderr[-300:]))
     big = ["--n-stages", "1", "--first", "0", "--last", "12", "--kv-blocks", "16"]
     env = dict(os.environ)
+    # Every tensor 10 ms slower: from the page cache the big load would finish
+    # in ~0.4 s, before the new assignment arrives (test hook, docs/worker.md).
+    os.environ["STRATA_TEST_LOAD_DELAY_MS"] = "10"
     # How long the big load takes alone.
     p, port, log, ok = start_worker(args, tmp, "w0", ["--model-dir", mdir])
     try:
