@@ -55,6 +55,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 import cluster_test as ct  # noqa: E402  (Cluster, finish)
 from harness import FAILS, check, sse_events  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "api"))
+from api_test import request  # noqa: E402  (one HTTP helper for the API tests)
 
 # ---------------------------------------------------------------- logfmt
 
@@ -101,16 +103,6 @@ def log_records(path, tag):
 
 # ---------------------------------------------------------------- HTTP
 
-def request(cl, method, path, body=None, headers=None):
-    c = http.client.HTTPConnection("127.0.0.1", cl.http_port, timeout=120)
-    try:
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
-        c.request(method, path, body=body, headers=h)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
 
 
 def metrics_text(cl):
