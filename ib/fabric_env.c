@@ -79,7 +79,10 @@ static void pci_realpath(const char *sysroot, const char *path, char *out, size_
     char root[PATH_MAX];
     const char *r = realpath(sysroot, root) ? root : sysroot;
     size_t rl = strcmp(r, "/") ? strlen(r) : 0;
-    snprintf(out, cap, "%s", strncmp(rp, r, rl) ? rp : rp + rl);
+    const char *rel = strncmp(rp, r, rl) ? rp : rp + rl;
+    size_t n = strlen(rel);
+    if (n >= cap) return; /* longer than any PCI path: treated as unknown, never truncated */
+    memcpy(out, rel, n + 1);
 }
 
 static int roce_v2_gid_sysfs(const char *portdir) {
