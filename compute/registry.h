@@ -24,7 +24,7 @@
 #include "compute/backend.h"
 #include "compute/comm.h"
 
-#define BACKEND_MODULE_ABI 1
+#define BACKEND_MODULE_ABI 2
 #define BACKEND_MODULE_SYMBOL "strata_backend_module_init"
 
 /* One device as registration reports it. */
@@ -51,6 +51,12 @@ typedef struct backend_module {
     backend_group *(*group_new)(int n, const int *devices, st_err *err);
     comm *(*group_rank)(backend_group *g, int rank);
     void (*group_free)(backend_group *g);
+    /* Pinned (page-locked) host memory for the activation hand-off between
+     * the device and the transport (cudaHostAlloc, portable): a copy from or
+     * to it is a direct DMA, where pageable memory costs the driver a bounce
+     * copy. NULL + err on failure. NULL entries (cpu): plain host memory. */
+    void *(*host_alloc)(size_t bytes, st_err *err);
+    void (*host_free)(void *p);
 } backend_module;
 
 /* The module's exported init: returns its table when it speaks `abi`, else NULL. */

@@ -17,6 +17,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "daemon/act_link.h"
 #include "daemon/datapath.h"
 #include "daemon/model_path.h"
 #include "ib/assign_token.h"
@@ -183,6 +184,7 @@ static void connect_next(wstage *w)
     }
     xport_peer_set_user(w->next, w);
     ST_INFO("worker: connecting to next hop %s (stage %u)", w->cur.next_hop, w->cur.stage + 1);
+    act_link_offer(w); /* the boundary's transport (queued behind the handshake) */
 }
 
 static void on_reconnect(evutil_socket_t fd, short what, void *arg)
@@ -488,6 +490,7 @@ wstage *stage_new(worker *w, st_err *err)
     st->n_threads = w->n_threads;
     st->t_start = w->t_start;
     st->backoff = BACKOFF_MIN_S;
+    st->act_out = st->act_in = -1;
     st->cq = compute_create(err);
     if (!st->cq) {
         free(st);
@@ -683,7 +686,18 @@ void assignment_handle_control(worker *w, xport_peer *peer, const frame_header *
         worker_drop_frame(w, peer, "undecodable CONTROL message (%zu bytes)", h->control.len);
         return;
     }
-    if (w->key && xport_peer_role(peer) != XPORT_ROLE_COORDINATOR &&
+    /* Neighbouring stages negotiate their boundary's transport (act_link.h):
+     * with a key, only from a peer that proved the stage role. */
+    const bool act = m->msg_case == STRATA__V1__CONTROL_MESSAGE__MSG_ACT_OFFER ||
+                     m->msg_case == STRATA__V1__CONTROL_MESSAGE__MSG_ACT_ANSWER;
+    if (w->key && act && xport_peer_role(peer) != XPORT_ROLE_STAGE) {
+        w->dropped_frames++;
+        ST_WARN("worker: refusing CONTROL message %d from %s: it is a %s, not a stage", (int)m->msg_case,
+                xport_peer_name(peer), xport_role_name(xport_peer_role(peer)));
+        strata__v1__control_message__free_unpacked(m, NULL);
+        return;
+    }
+    if (w->key && !act && xport_peer_role(peer) != XPORT_ROLE_COORDINATOR &&
         m->msg_case != STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST) {
         /* Only the authenticated coordinator steers the worker; a stage peer's
          * CONTROL is refused and changes nothing. */
@@ -697,6 +711,8 @@ void assignment_handle_control(worker *w, xport_peer *peer, const frame_header *
     switch (m->msg_case) {
     case STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN: handle_assign_front(w, peer, m->assign); break;
     case STRATA__V1__CONTROL_MESSAGE__MSG_RELEASE: handle_release(w, m->release->epoch); break;
+    case STRATA__V1__CONTROL_MESSAGE__MSG_ACT_OFFER: act_link_on_offer(w, peer, m->act_offer); break;
+    case STRATA__V1__CONTROL_MESSAGE__MSG_ACT_ANSWER: act_link_on_answer(w, peer, m->act_answer); break;
     case STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST: {
         wstage *st = stage_for_peer(w, peer);
         if (!st) st = stage_new(w, &(st_err){{0}});

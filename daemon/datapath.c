@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "compute/registry.h"
 #include "daemon/assignment.h"
 #include "daemon/worker_metrics.h"
 #include "model/sampler.h"
@@ -29,9 +30,10 @@ struct job {
     wstage *w;
     frame_header *hdr;   /* owned copy of the received header */
     stage_seq *seqs;
-    float *in;           /* f32 input rows (non-first stage) */
-    float *scratch;      /* f32 output before bf16 conversion */
-    xport_mem *out_mem;  /* registered output buffer (non-last stage) */
+    float *in;           /* f32 input rows (non-first stage): malloc'd, or in_buf's on a GPU stage */
+    float *scratch;      /* f32 output before bf16 conversion: likewise (scratch_buf) */
+    stbuf in_buf, scratch_buf; /* GPU stage: the pinned homes of in and scratch */
+    stbuf out;           /* registered output buffer (non-last stage) */
     double t_sent;       /* monotonic seconds at xport_send to the next hop */
     size_t out_bytes;
     stage_sample_out *samples;
@@ -41,43 +43,81 @@ static void forward_done(wstage *w, struct job *j);
 
 /* ---------------------------------------------------------------- helpers */
 
-static xport_mem *pool_get(wstage *w, size_t bytes, st_err *err)
+/* The module whose pinned host memory the stage's hand-off buffers come
+ * from (a GPU stage: never pageable memory, which costs the driver a bounce
+ * copy per transfer), or NULL (a CPU stage: pageable, registered). */
+static const backend_module *pin_module(const wstage *w)
 {
+    if (strcmp(w->cur.backend, "cuda")) return NULL;
+    st_err err;
+    const backend_module *m = backend_registry_get("cuda", &err);
+    return m && m->host_alloc && m->host_free ? m : NULL;
+}
+
+static void buf_free(wstage *w, stbuf b)
+{
+    if (!b.m) return;
+    void *p = xport_mem_ptr(b.m);
+    xport_mem_unregister(w->x, b.m);
+    if (b.pin) b.pin->host_free(p);
+}
+
+/* A buffer of the stage's kind, registered with UCX (ucp_mem_map), of at
+ * least cap bytes. {NULL} + err on failure. */
+static stbuf buf_new(wstage *w, size_t cap, st_err *err)
+{
+    stbuf b = {.pin = pin_module(w)};
+    if (!b.pin) {
+        b.m = xport_mem_alloc(w->x, cap, err);
+        return b;
+    }
+    void *p = b.pin->host_alloc(cap, err);
+    if (!p) return (stbuf){0};
+    if (!(b.m = xport_mem_register(w->x, p, cap, err))) {
+        b.pin->host_free(p);
+        return (stbuf){0};
+    }
+    return b;
+}
+
+static stbuf pool_get(wstage *w, size_t bytes, st_err *err)
+{
+    const backend_module *pin = pin_module(w);
     int best = -1;
     for (int i = 0; i < w->n_pool; i++)
-        if (xport_mem_len(w->pool[i]) >= bytes &&
-            (best < 0 || xport_mem_len(w->pool[i]) < xport_mem_len(w->pool[best])))
+        if (w->pool[i].pin == pin && xport_mem_len(w->pool[i].m) >= bytes &&
+            (best < 0 || xport_mem_len(w->pool[i].m) < xport_mem_len(w->pool[best].m)))
             best = i;
     if (best >= 0) {
-        xport_mem *m = w->pool[best];
+        stbuf b = w->pool[best];
         w->pool[best] = w->pool[--w->n_pool];
-        return m;
+        return b;
     }
     size_t cap = POOL_MIN_BYTES;
     while (cap < bytes) cap *= 2;
-    return xport_mem_alloc(w->x, cap, err);
+    return buf_new(w, cap, err);
 }
 
-static void pool_put(wstage *w, xport_mem *m)
+static void pool_put(wstage *w, stbuf b)
 {
-    if (!m) return;
+    if (!b.m) return;
     if (w->shutting_down) {
-        xport_mem_unregister(w->x, m);
+        buf_free(w, b);
         return;
     }
     if (w->n_pool == POOL_MAX) { /* keep the larger buffers */
         int small = 0;
         for (int i = 1; i < w->n_pool; i++)
-            if (xport_mem_len(w->pool[i]) < xport_mem_len(w->pool[small])) small = i;
-        if (xport_mem_len(w->pool[small]) >= xport_mem_len(m)) {
-            xport_mem_unregister(w->x, m);
+            if (xport_mem_len(w->pool[i].m) < xport_mem_len(w->pool[small].m)) small = i;
+        if (xport_mem_len(w->pool[small].m) >= xport_mem_len(b.m)) {
+            buf_free(w, b);
             return;
         }
-        xport_mem_unregister(w->x, w->pool[small]);
-        w->pool[small] = m;
+        buf_free(w, w->pool[small]);
+        w->pool[small] = b;
         return;
     }
-    w->pool[w->n_pool++] = m;
+    w->pool[w->n_pool++] = b;
 }
 
 static void job_free(wstage *w, struct job *j)
@@ -85,10 +125,12 @@ static void job_free(wstage *w, struct job *j)
     if (!j) return;
     frame_header_free(j->hdr);
     free(j->seqs);
-    free(j->in);
-    free(j->scratch);
+    if (j->in_buf.m) pool_put(w, j->in_buf);
+    else free(j->in);
+    if (j->scratch_buf.m) pool_put(w, j->scratch_buf);
+    else free(j->scratch);
     free(j->samples);
-    pool_put(w, j->out_mem);
+    pool_put(w, j->out);
     free(j);
 }
 
@@ -307,8 +349,14 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
     j->cj.batch = (stage_batch){.n_seqs = (int)c->n_seqs, .seqs = j->seqs, .n_tokens = (int32_t)T,
                                 .tokens = in->is_first ? c->token_ids : NULL};
     const size_t n_el = (size_t)T * (size_t)in->n_embd;
+    const bool pinned = pin_module(w) != NULL; /* a GPU stage: its host side of the copies is pinned */
     if (!in->is_first) {
-        if (!(j->in = malloc(n_el * sizeof(float)))) goto oom;
+        if (pinned) {
+            if (!(j->in_buf = pool_get(w, n_el * sizeof(float), &err)).m) goto fail;
+            j->in = xport_mem_ptr(j->in_buf.m);
+        } else if (!(j->in = malloc(n_el * sizeof(float)))) {
+            goto oom;
+        }
         if (h->dtype == STRATA__V1__DTYPE__DTYPE_F32)
             memcpy(j->in, payload, n_el * sizeof(float));
         else
@@ -317,13 +365,18 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
     }
     if (!in->is_last) {
         j->out_bytes = n_el * frame_dtype_size(w->cur.act_dtype);
-        if (!(j->out_mem = pool_get(w, j->out_bytes, &err))) goto fail;
+        if (!(j->out = pool_get(w, j->out_bytes, &err)).m) goto fail;
         if (w->cur.act_dtype == STRATA__V1__DTYPE__DTYPE_F32) {
-            j->cj.hidden_out = xport_mem_ptr(j->out_mem);
+            j->cj.hidden_out = xport_mem_ptr(j->out.m);
         } else {
-            if (!(j->scratch = malloc(n_el * sizeof(float)))) goto oom;
+            if (pinned) {
+                if (!(j->scratch_buf = pool_get(w, n_el * sizeof(float), &err)).m) goto fail;
+                j->scratch = xport_mem_ptr(j->scratch_buf.m);
+            } else if (!(j->scratch = malloc(n_el * sizeof(float)))) {
+                goto oom;
+            }
             j->cj.hidden_out = j->scratch;
-            j->cj.out_bf16 = xport_mem_ptr(j->out_mem);
+            j->cj.out_bf16 = xport_mem_ptr(j->out.m);
             j->cj.n_out = n_el;
         }
     } else {
@@ -487,7 +540,7 @@ static void forward_done(wstage *w, struct job *j)
     h.control.data = NULL;
     st_err err;
     j->t_sent = st_now_s();
-    if (xport_send(w->next, &h, xport_mem_ptr(j->out_mem), j->out_bytes, j->out_mem, fwd_sent, j, &err)) {
+    if (xport_send(w->next, &h, xport_mem_ptr(j->out.m), j->out_bytes, j->out.m, fwd_sent, j, &err)) {
         batch_error(w, j, err.msg);
         job_free(w, j);
         return;
@@ -506,6 +559,6 @@ void datapath_job_discard(wstage *w, cjob *cj) { job_free(w, cj->user); }
 
 void datapath_pool_drain(wstage *w)
 {
-    for (int i = 0; i < w->n_pool; i++) xport_mem_unregister(w->x, w->pool[i]);
+    for (int i = 0; i < w->n_pool; i++) buf_free(w, w->pool[i]);
     w->n_pool = 0;
 }

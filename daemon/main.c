@@ -40,6 +40,7 @@
 #include "common/notify.h"
 #include "common/version.h"
 #include "daemon/registration.h"
+#include "ib/act_transport.h"
 #include "ib/fabric_env.h"
 #include "daemon/worker.h"
 #include "daemon/worker_metrics.h"
@@ -65,6 +66,7 @@ struct worker_cli {
     const char *model_dir; /* --model-dir, else the directory of the first --model (model_dir_buf) */
     char model_dir_buf[4096];
     bool insecure;
+    int act_transport;           /* --activation-transport (enum act_override) */
 };
 
 static int parse_options(int argc, char **argv, struct worker_cli *o);
@@ -118,7 +120,9 @@ static void usage(FILE *f)
             "  --version           print the version, git commit and build type\n"
             "  --cluster-key-file FILE  data-plane key (owner-only file; default $STRATA_CLUSTER_KEY_FILE;\n"
             "                      empty: none; docs/security.md)\n"
-            "  --insecure          allow a non-loopback --listen without a cluster key (logs a warning)\n");
+            "  --insecure          allow a non-loopback --listen without a cluster key (logs a warning)\n"
+            "  --activation-transport auto|ucx|nccl  how activations cross this worker's pipeline\n"
+            "                      boundaries (default auto; docs/cuda-backend.md)\n");
 }
 
 static int bad(const char *fmt, const char *arg)
@@ -185,6 +189,7 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
                                          {"metrics-insecure", no_argument, 0, 'I'},
                                          {"cluster-key-file", required_argument, 0, 1001},
                                          {"insecure", no_argument, 0, 1002},
+                                         {"activation-transport", required_argument, 0, 1003},
                                          {"help", no_argument, 0, 'h'},
                                          {"version", no_argument, 0, 'V'},
                                          {0, 0, 0, 0}};
@@ -231,6 +236,12 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
             break;
         case 1001: o->key_file = optarg; break;
         case 1002: o->insecure = true; break;
+        case 1003: {
+            enum act_override v;
+            if (act_override_parse(optarg, &v)) return bad("--activation-transport '%s' is not auto, ucx or nccl", optarg);
+            o->act_transport = (int)v;
+            break;
+        }
         case 'h': usage(stdout); return 0;
         case 'V': st_version_print(stdout, "strata-worker"); return 0;
         default: return bad("unknown or incomplete option '%s'", argv[optind - 1]);
@@ -383,7 +394,7 @@ static int run(const struct worker_cli *o)
     apply_fabric_env();
     worker_opts wo = {.listen_host = o->host, .listen_port = o->port, .name = o->name, .n_threads = o->threads,
                       .models = (const char *const *)o->models, .n_models = o->n_models, .key = key,
-                      .model_dir = o->model_dir};
+                      .model_dir = o->model_dir, .activation_transport = o->act_transport};
     worker *w = worker_create(base, &wo, &err);
     if (!w) {
         fprintf(stderr, "strata-worker: error: %s\n", err.msg);

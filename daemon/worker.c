@@ -19,6 +19,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "daemon/act_link.h"
 #include "daemon/assignment.h"
 #include "daemon/datapath.h"
 #include "daemon/worker_internal.h"
@@ -153,6 +154,8 @@ worker *worker_create(struct event_base *base, const worker_opts *o, st_err *err
         goto fail;
     }
     if (o->key) xport_require_auth(w->x, o->key, XPORT_ROLE_STAGE, 0);
+    w->act_override = o->activation_transport;
+    act_link_init(w);
     if (o->name && *o->name)
         snprintf(w->name, sizeof w->name, "%s", o->name);
     else

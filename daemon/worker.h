@@ -53,6 +53,9 @@ typedef struct worker_opts {
      * (ib/assign_token.h) and an epoch not older than the newest accepted.
      * docs/security.md. */
     const cluster_key *key;
+    /* --activation-transport (enum act_override, ib/act_transport.h): auto
+     * (0), ucx or nccl; applied per boundary by daemon/act_link.h. */
+    int activation_transport;
 } worker_opts;
 
 /* Load figures for the control plane's heartbeat (daemon/registration.h).

@@ -32,6 +32,16 @@ typedef Strata__V1__ControlMessage ctl_msg;
 enum wstate { W_IDLE, W_LOADING, W_READY, W_FAILED };
 
 typedef struct wstage wstage;
+struct backend_module;
+
+/* A registered host buffer of the data path (ucp_mem_map'd): pageable
+ * (xport_mem_alloc) on a CPU stage; on a GPU stage pinned by its backend
+ * (host_alloc: cudaHostAlloc) so the device copies are direct DMA. pin: the
+ * module that frees it, NULL for pageable. */
+typedef struct stbuf {
+    xport_mem *m;
+    const struct backend_module *pin;
+} stbuf;
 
 /* The current assignment (owned strings). */
 struct assign {
@@ -69,8 +79,15 @@ struct wstage {
     double backoff;
     struct open_job *loading; /* the newest load submitted and not done (cancelled by a newer one) */
 
+    /* act_link.c: the activation transport (enum act_xport, ib/act_transport.h)
+     * of the boundary out of this stage (-1 until the next hop answered: UCX)
+     * and into it (-1 until an offer came), and the NCCL id received. */
+    int act_out, act_in;
+    uint8_t nccl_id_in[128];
+    bool has_nccl_id_in;
+
     /* datapath.c */
-    xport_mem *pool[POOL_MAX];
+    stbuf pool[POOL_MAX];   /* free buffers, of either kind */
     int n_pool;
     int sends_inflight;     /* ACTIVATIONS to the next hop not yet completed */
     /* The last FWD_RING successful forwards' [start, end) CLOCK_MONOTONIC ns,
@@ -103,6 +120,11 @@ struct worker {
     double hop_seconds;     /* their send -> completion times, summed */
     struct worker_metrics *metrics; /* GET /metrics (daemon/worker_metrics.h); NULL when off */
     bool shutting_down;
+    /* act_link.c */
+    int act_override;       /* enum act_override: --activation-transport */
+    char machine_id[64];    /* /etc/machine-id (the host name without one) */
+    bool ucx_cuda;          /* xport_memory_cuda */
+    bool act_test_nccl;     /* STRATA_TEST_ACT_TRANSPORT=nccl */
     /* worker_load_get window: sequences seen and their block-table lengths */
     uint64_t load_seq[LOAD_MAX_SEQS];
     int load_blocks[LOAD_MAX_SEQS];

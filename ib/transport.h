@@ -94,6 +94,11 @@ const char *xport_role_name(enum xport_role role);
 
 /* The bound listening port, or 0 without a listener. */
 int xport_port(const xport *x);
+/* Whether this UCX context takes CUDA device memory (ucp_context_query's
+ * memory_types has UCS_MEMORY_TYPE_CUDA): a UCX built with CUDA, as HPC-X
+ * and MOFED ship it, with its cuda transports loaded. Debian's UCX 1.13 is
+ * built without CUDA: false. (ib/act_transport.h uses it per boundary.) */
+bool xport_memory_cuda(const xport *x);
 /* The largest packed FrameHeader sent inline in the UCX AM header (the
  * worker's max AM header minus the 24-byte prefix); frames with a larger
  * header carry it in the data, and their payload is copied. */

@@ -882,6 +882,13 @@ fail:
 }
 
 int xport_port(const xport *x) { return x->port; }
+
+bool xport_memory_cuda(const xport *x)
+{
+    ucp_context_attr_t a = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (ucp_context_query(x->ctx, &a) != UCS_OK) return false;
+    return (a.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
 size_t xport_max_inline_header(const xport *x) { return x->max_am_header > XPORT_PREFIX ? x->max_am_header - XPORT_PREFIX : 0; }
 
 xport_peer *xport_connect(xport *x, const char *host, int port, st_err *err)

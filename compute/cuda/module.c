@@ -40,6 +40,20 @@ static backend_group *cuda_group_new(int n, const int *devices, st_err *err) {
 static comm *cuda_group_rank(backend_group *g, int r) { return comm_nccl_rank((comm_nccl_group *)g, r); }
 static void cuda_group_free(backend_group *g) { comm_nccl_group_free((comm_nccl_group *)g); }
 
+static void *cuda_host_alloc(size_t bytes, st_err *err) {
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        st_errf(err, "cuda: pinned host buffer of %zu bytes: %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+static void cuda_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
 static const backend_module k_cuda = {
     .abi = BACKEND_MODULE_ABI,
     .name = "cuda",
@@ -50,6 +64,8 @@ static const backend_module k_cuda = {
     .group_new = cuda_group_new,
     .group_rank = cuda_group_rank,
     .group_free = cuda_group_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 __attribute__((visibility("default"))) const backend_module *strata_backend_module_init(int abi) {

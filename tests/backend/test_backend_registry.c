@@ -9,7 +9,7 @@
  *   missing        STRATA_BACKEND_PATH names no file: "cuda" is the clean
  *                  "no CUDA device (module ...: <loader's reason>)" error.
  *   badabi         STRATA_BACKEND_PATH names a module that does not speak
- *                  ABI 1: refused with that reason, never called.
+ *                  BACKEND_MODULE_ABI: refused with that reason, never called.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +61,9 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "missing") || !strcmp(mode, "badabi")) {
         CHECK(backend_registry_get("cuda", &err) == NULL);
         CHECK_MSG(!strncmp(err.msg, "backend cuda: no CUDA device (module libstrata-cuda.so: ", 56), "got: %s", err.msg);
-        const char *want = !strcmp(mode, "missing") ? "cannot open shared object file" : "does not speak module ABI 1";
+        char abi[64];
+        snprintf(abi, sizeof abi, "does not speak module ABI %d", BACKEND_MODULE_ABI);
+        const char *want = !strcmp(mode, "missing") ? "cannot open shared object file" : abi;
         CHECK_MSG(strstr(err.msg, want) != NULL, "got: %s", err.msg);
         backend_device_info d[4];
         int n = -1;

@@ -16,7 +16,10 @@
  * activations (one decode step of token 1 at epoch E for stage S), stats (a
  * StatsRequest; the StageStats security counters are printed as
  * "stats unauth_frames=N auth_failures=N refused_assigns=N loaded=0|1",
- * counted by --expect like a StageReady).
+ * counted by --expect like a StageReady), offer:B:N (an ActivationOffer of
+ * epoch E for boundary B->B+1 from a "cpu" stage, with an N-byte NCCL id of
+ * bytes i*7+3 and nccl = N > 0; its ActivationAnswer is printed as
+ * "answer boundary=B transport=T error=TEXT", counted by --expect).
  * Without --key the transport has no key; with one it does the handshake
  * as --role. Exits 0 after --wait seconds (default 3) or once N StageReady
  * came back (--expect N), 2 on bad usage.
@@ -92,6 +95,27 @@ static void act(xport_peer *p, const char *a)
         m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST;
         m.stats_request = &r;
         send_control(p, &m);
+    } else if (!strncmp(a, "offer:", 6)) {
+        unsigned boundary = 0, n = 0;
+        if (sscanf(a + 6, "%u:%u", &boundary, &n) != 2 || n > 4096) {
+            printf("bad action %s\n", a);
+            return;
+        }
+        uint8_t id[4096];
+        for (unsigned i = 0; i < n; i++) id[i] = (uint8_t)(i * 7 + 3);
+        Strata__V1__ActivationOffer o = STRATA__V1__ACTIVATION_OFFER__INIT;
+        o.epoch = g.epoch;
+        o.boundary = boundary;
+        o.backend = "cpu";
+        o.node_id = "rogue-node";
+        o.nccl = n > 0;
+        o.override = "auto";
+        o.nccl_id.data = id;
+        o.nccl_id.len = n;
+        Strata__V1__ControlMessage m = STRATA__V1__CONTROL_MESSAGE__INIT;
+        m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_ACT_OFFER;
+        m.act_offer = &o;
+        send_control(p, &m);
     } else if (!strcmp(a, "garbage")) {
         uint8_t junk[64];
         for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 37 + 11);
@@ -152,6 +176,11 @@ static void on_frame(xport_peer *p, const frame_header *h, const void *payload, 
             printf("stats unauth_frames=%llu auth_failures=%llu refused_assigns=%llu loaded=%d\n",
                    (unsigned long long)m->stats->unauth_frames, (unsigned long long)m->stats->auth_failures,
                    (unsigned long long)m->stats->refused_assigns, m->stats->loaded);
+            if (++g.n_ready == g.expect) event_base_loopbreak(g.base);
+        } else if (m && m->msg_case == STRATA__V1__CONTROL_MESSAGE__MSG_ACT_ANSWER) {
+            printf("answer boundary=%u transport=%s error=%s\n", m->act_answer->boundary,
+                   m->act_answer->transport ? m->act_answer->transport : "",
+                   m->act_answer->error ? m->act_answer->error : "");
             if (++g.n_ready == g.expect) event_base_loopbreak(g.base);
         } else {
             printf("control %d\n", m ? (int)m->msg_case : -1);

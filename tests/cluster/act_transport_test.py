@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""act_transport_test.py — issue 13's per-boundary activation transport
+(ib/act_transport.h, daemon/act_link.h): real strata-coordinator and
+strata-worker processes on 127.0.0.1, and tests/daemon/rogue_peer.
+
+  act_transport_test.py MODE --coordinator BIN --worker BIN --rogue BIN --shared DIR
+
+MODE
+  auto      PP 2 on the CPU: both workers log "boundary 0->1: ucx (both stages
+            run on the CPU)" (the receiver's choice, and the sender's from the
+            answer) and the cluster serves the reference tokens
+  nccl      PP 2 with the test hook STRATA_TEST_ACT_TRANSPORT=nccl on both
+            workers (each side claims a GPU stage with NCCL): stage 0 sends a
+            128-byte NCCL id through the real CONTROL frames and stage 1 logs
+            the same 256 hex digits; stage 1 chooses nccl, cannot start it
+            (its stage runs on the CPU backend), falls back to ucx and says
+            so, stage 0 logs that answer; the reference tokens come back
+  offers    one worker holding stage 1 of 2, offers from rogue_peer: a
+            128-byte id arrives byte-exact; a 127-byte and a 129-byte id, a
+            boundary the worker is not on, an epoch it does not hold and a
+            NCCL offer without an id each get an ActivationAnswer with a clear
+            error (and a log line); the worker keeps running and still
+            answers a good offer afterwards. With a cluster key, an offer
+            from a peer that proved the coordinator role is refused (not a
+            stage). A bad --activation-transport value stops the worker
+            (exit 2) with a message naming the flag.
+
+UCX_TLS=tcp and UCX_NET_DEVICES=lo unless set. Every process is stopped by
+its pid in a finally block.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+from harness import FAILS, check, wait_for  # noqa: E402
+from cluster_test import Cluster, load_ref  # noqa: E402
+from security_test import KEY, read, ref_tokens, rogue, start_worker, stop, write_key  # noqa: E402
+
+HEX_ID = re.compile(r"boundary 0->1: nccl id (sent to|received from) \S+ \(128 bytes\): ([0-9a-f]+)")
+
+
+def logs(cl, i):
+    return read(os.path.join(cl.tmp, "worker%d.log" % i))
+
+
+def pp2(args, hook):
+    refs = load_ref(args, "stories260K-greedy.json")[:2]
+    want = [r["completion_tokens"][:32] for r in refs]
+    if hook:
+        os.environ["STRATA_TEST_ACT_TRANSPORT"] = "nccl"
+    else:
+        os.environ.pop("STRATA_TEST_ACT_TRANSPORT", None)
+    cl = Cluster(args, [{"tp": 1}, {"tp": 1}])
+    try:
+        check(cl.start(), "a PP 2 cluster starts")
+        check(ref_tokens(cl, refs) == want, "it serves the reference tokens")
+        # The answer may trail the first completion on a loaded machine.
+        wait_for(lambda: re.search(r"boundary 0->1: (ucx|ucx-pinned|ucx-cuda|nccl) \(", logs(cl, 0)), 20)
+        w0, w1 = logs(cl, 0), logs(cl, 1)
+        if not hook:
+            line = "boundary 0->1: ucx (both stages run on the CPU)"
+            check(line in w1, "stage 1 chose: %s" % line)
+            check(line in w0, "stage 0 logs the same from the answer")
+            check("nccl id" not in w0 + w1, "no NCCL id on CPU stages")
+            return
+        sent = [m.group(2) for m in HEX_ID.finditer(w0) if m.group(1) == "sent to"]
+        got = [m.group(2) for m in HEX_ID.finditer(w1) if m.group(1) == "received from"]
+        check(len(sent) >= 1 and len(sent[0]) == 256, "stage 0 sent a 128-byte NCCL id (%s)" % sent[:1])
+        check(len(got) >= 1 and got[0] == sent[0], "stage 1 received it byte-exact")
+        check(len(set(sent)) == len(sent), "every connection gets a fresh id")
+        check(re.search(r"boundary 0->1: nccl \(GPU stages on one node; UCX without CUDA memory, NCCL on both\)", w1),
+              "stage 1 chose nccl by the table")
+        check("boundary 0->1: nccl cannot start: stage 1 runs on the cpu backend; falling back to ucx" in w1,
+              "stage 1 refuses nccl cleanly and falls back to ucx")
+        check(re.search(r"boundary 0->1: ucx \(nccl chosen \(.*\) but stage 1 runs on the cpu backend; falling back\)",
+                        w0), "stage 0 logs the fallback from the answer")
+        check(ref_tokens(cl, refs) == want, "the same reference tokens again")
+    finally:
+        os.environ.pop("STRATA_TEST_ACT_TRANSPORT", None)
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def mode_offers(args):
+    tmp = tempfile.mkdtemp(prefix="strata-act-")
+    mdir = os.path.join(args.shared, "models")
+    st1 = dict(stage=1, n_stages=2, first=3, last=5, kv_blocks=64)
+    # debug: the worker logs a received NCCL id in hex (only then, or under the hook)
+    p, port, log, ok = start_worker(args, tmp, "w1", ["--model-dir", mdir, "--log-level", "debug"])
+    pk = None
+    try:
+        check(ok, "the worker starts")
+        addr = "127.0.0.1:%d" % port
+        out = rogue(args, addr, ["assign:stories260K.gguf"], wait=60, expect=1, **st1)
+        check("ready ok=1" in out, "stage 1 of 2 loads")
+        # (action, transport answered, error): a NCCL offer speaks for a GPU
+        # stage, so a CPU receiver answers ucx-pinned (the GPU side pins).
+        cases = [("offer:0:128", "ucx-pinned", ""),
+                 ("offer:0:127", "ucx", "boundary 0->1: NCCL id of 127 bytes (want 128)"),
+                 ("offer:0:129", "ucx", "boundary 0->1: NCCL id of 129 bytes (want 128)"),
+                 ("offer:4:128", "ucx", "unknown boundary 4->5: this worker is stage 1 of epoch 1"),
+                 ("offer:0:0", "ucx", "")]
+        out = rogue(args, addr, [c[0] for c in cases], wait=30, expect=len(cases), **st1)
+        answers = [l for l in out.splitlines() if l.startswith("answer")]
+        check(len(answers) == len(cases), "one answer per offer (%d of %d)" % (len(answers), len(cases)))
+        for (action, xport, err), line in zip(cases, answers):
+            b = action.split(":")[1]
+            check(line == "answer boundary=%s transport=%s error=%s" % (b, xport, err),
+                  "%s: %s" % (action, "refused: " + err if err else "accepted, " + xport))
+        w = read(log)
+        want_hex = "".join("%02x" % ((i * 7 + 3) & 0xFF) for i in range(128))
+        check("boundary 0->1: nccl id received from 127.0.0.1:" in w and "(128 bytes): " + want_hex in w,
+              "the 128-byte id arrived byte-exact")
+        check("ActivationOffer from 127.0.0.1:" in w and "refused: boundary 0->1: NCCL id of 127 bytes" in w,
+              "the worker logs the refusal")
+        out = rogue(args, addr, ["offer:0:128"], wait=20, expect=1, epoch=9, stage=1)
+        check("error=unknown boundary 0->1: no stage of epoch 9 here" in out, "an epoch it does not hold")
+        out = rogue(args, addr, ["offer:0:0", "stats"], wait=20, expect=2, **st1)
+        check("answer boundary=0 transport=ucx error=" in out and "loaded=1" in out,
+              "the worker still answers and holds its stage")
+        check(p.poll() is None, "the worker is still running")
+        # With a key: an offer from the coordinator role is not a stage's.
+        key = write_key(os.path.join(tmp, "cluster.key"), KEY)
+        pk, kport, klog, ok = start_worker(args, tmp, "wk", ["--model-dir", mdir, "--cluster-key-file", key])
+        check(ok, "a worker with a cluster key starts")
+        out = rogue(args, "127.0.0.1:%d" % kport, ["offer:0:128"], key=key, wait=3, **st1)
+        check("answer" not in out, "the coordinator role's offer gets no answer")
+        check(wait_for(lambda: "it is a coordinator, not a stage" in read(klog), 10),
+              "the keyed worker logs the refusal")
+        # A bad flag value.
+        r = subprocess.run([args.worker, "--listen", "127.0.0.1:0", "--activation-transport", "rdma"],
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 2 and "--activation-transport 'rdma' is not auto, ucx or nccl" in r.stderr,
+              "--activation-transport rdma: exit 2 naming the flag (%d: %s)" % (r.returncode, r.stderr.strip()))
+    finally:
+        stop(p)
+        if pk:
+            stop(pk)
+        if FAILS:
+            print(read(log)[-4000:])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["auto", "nccl", "offers"])
+    ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--rogue", required=True)
+    ap.add_argument("--shared", required=True)
+    args = ap.parse_args()
+    os.environ.setdefault("UCX_TLS", "tcp")
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    if args.mode == "offers":
+        mode_offers(args)
+    else:
+        pp2(args, args.mode == "nccl")
+    print("%s: %s" % (args.mode, "FAIL (%d)" % len(FAILS) if FAILS else "ok"))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
