@@ -57,7 +57,32 @@ typedef struct backend_module {
      * copy. NULL + err on failure. NULL entries (cpu): plain host memory. */
     void *(*host_alloc)(size_t bytes, st_err *err);
     void (*host_free)(void *p);
+    /* NCCL point-to-point (below); NULL for "cpu". */
+    const struct backend_p2p_ops *p2p;
 } backend_module;
+
+/* NCCL point-to-point between two processes: the activation transport of one
+ * pipeline boundary (ib/act_transport.h "nccl"; a 2-rank communicator, rank 0
+ * = the sending stage). Device buffers only. Every call that waits polls
+ * ncclCommGetAsyncError against its deadline and, on an error or past it,
+ * aborts the communicator (ncclCommAbort) and returns -1 with err: it never
+ * hangs the caller. After a failure only close may be called. */
+typedef struct backend_p2p backend_p2p;
+struct backend_p2p_ops {
+    int id_bytes; /* NCCL_UNIQUE_ID_BYTES (128) */
+    /* A fresh ncclUniqueId (the sender makes it; it reaches the peer over the
+     * data plane's control frames). */
+    int (*unique_id)(uint8_t *out, st_err *err);
+    /* Joins the communicator of id as rank (0 or 1) on CUDA device `device`
+     * (non-blocking init, waited for up to timeout_s). */
+    backend_p2p *(*open)(const uint8_t *id, int rank, int device, double timeout_s, st_err *err);
+    /* bytes from / into device memory on the communicator's device, to / from
+     * the other rank; returns once the transfer completed (timeout_s). */
+    int (*send)(backend_p2p *p, const void *dev, size_t bytes, double timeout_s, st_err *err);
+    int (*recv)(backend_p2p *p, void *dev, size_t bytes, double timeout_s, st_err *err);
+    void (*close)(backend_p2p *p);
+};
+typedef struct backend_p2p_ops backend_p2p_ops;
 
 /* The module's exported init: returns its table when it speaks `abi`, else NULL. */
 typedef const backend_module *(*backend_module_init_fn)(int abi);

@@ -7,6 +7,7 @@
 
 #include "compute/cuda/backend_cuda.h"
 #include "compute/cuda/comm_nccl.h"
+#include "compute/cuda/p2p_nccl.h"
 #include "compute/registry.h"
 
 static int cuda_device_info(int device, backend_device_info *out, st_err *err) {
@@ -66,6 +67,7 @@ static const backend_module k_cuda = {
     .group_free = cuda_group_free,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .p2p = &p2p_nccl_ops,
 };
 
 __attribute__((visibility("default"))) const backend_module *strata_backend_module_init(int abi) {
