@@ -9,7 +9,9 @@
  *    publishes a pointer to its buffer; rank r reduces chunk r across all the
  *    ranks' buffers and writes the sum back into every buffer (a fused
  *    reduce-scatter + all-gather), so no copy is made beyond the reduction.
- *  - NCCL (compute/cuda/comm_nccl.c): ncclAllReduce & co on device buffers;
+ *  - NCCL (compute/cuda/comm_nccl.c): ncclAllReduce & co on device buffers,
+ *    on non-blocking communicators under a deadline (never hangs the caller:
+ *    on an error or timeout the communicator is aborted and `failed` set);
  *    built when CUDA is found.
  *
  * Errors: a mismatched call, a bad dtype or a bad root return -1 with err.
@@ -56,6 +58,10 @@ struct comm {
     const comm_ops *ops;
     int rank, size;
     comm_stats stats;
+    /* Set by the implementation when the communicator is gone for good (NCCL:
+     * aborted after an error or a missed deadline, comm_nccl.h); every later
+     * call fails. The stage that owns it is lost (engine/stage.h stage_failed). */
+    int failed;
 };
 
 static inline int comm_all_reduce_sum(comm *c, void *buf, size_t count, enum comm_dtype dt, st_err *err) {

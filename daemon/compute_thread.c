@@ -99,6 +99,7 @@ static void run_forward(compute *c, cjob *j)
     j->start_ns = st_now_ns();
     if (c->delay_us > 0) usleep((useconds_t)c->delay_us);
     j->status = stage_forward(c->st, &j->batch, j->hidden_in, j->hidden_out, j->samples, &j->err);
+    j->stage_failed = j->status != 0 && stage_failed(c->st, NULL);
     j->end_ns = st_now_ns();
     j->seconds = (double)(j->end_ns - j->start_ns) * 1e-9;
     if (j->status == 0 && j->out_bf16) frame_f32_to_bf16(j->hidden_out, j->out_bf16, j->n_out);

@@ -64,6 +64,9 @@ typedef struct cjob {
     /* Both: 0 or -1 with err. A FORWARD without a loaded stage fails. */
     int status;
     st_err err;
+    /* FORWARD: the stage failed for good (engine/stage.h stage_failed): every
+     * later forward fails too; the stage is lost. */
+    bool stage_failed;
 } cjob;
 
 typedef struct compute_stats {

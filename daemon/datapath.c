@@ -172,7 +172,8 @@ static sampler_params sampling_from_frame(const frame_sampling *s)
 
 /* ---------------------------------------------------------------- sending */
 
-static void batch_error(wstage *w, const struct job *j, const char *msg)
+/* BatchError for the batch of j; stage_failed: the stage itself is lost. */
+static void batch_error_ex(wstage *w, const struct job *j, const char *msg, bool stage_failed)
 {
     const frame_header *h = j->hdr;
     w->front->batch_errors++;
@@ -202,12 +203,15 @@ static void batch_error(wstage *w, const struct job *j, const char *msg)
     e.seq_ids = ids;
     e.n_seq_ids = h->n_seqs;
     e.error = (char *)msg;
+    e.stage_failed = stage_failed;
     ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
     m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_ERROR;
     m.batch_error = &e;
     stage_send_control(w, w->coord, &m, h->epoch, h->batch_id);
     free(ids);
 }
+
+static void batch_error(wstage *w, const struct job *j, const char *msg) { batch_error_ex(w, j, msg, false); }
 
 /* Loop thread: a forward of this stage finished (see wstage.fwd). */
 static void note_forward(wstage *w, const cjob *cj)
@@ -506,6 +510,18 @@ static void forward_done(wstage *w, struct job *j)
 {
     if (j->gen != w->gen || w->state != W_READY || w->shutting_down) {
         ST_DEBUG("worker: batch %llu of an older assignment finished; dropped", (unsigned long long)j->hdr->batch_id);
+        job_free(w, j);
+        return;
+    }
+    if (j->cj.status && j->cj.stage_failed) {
+        /* Its communicator was aborted: the stage never runs again. Say so
+         * once; the coordinator re-places it (its batches in flight are
+         * aborted there, and the results of those still queued here are
+         * dropped: the state is no longer W_READY). */
+        ST_ERROR("worker: epoch %llu stage %u failed for good: %s; reporting it lost",
+                 (unsigned long long)w->cur.epoch, w->cur.stage, j->cj.err.msg);
+        w->state = W_FAILED;
+        batch_error_ex(w, j, j->cj.err.msg, true);
         job_free(w, j);
         return;
     }

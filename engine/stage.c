@@ -8,9 +8,11 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -95,6 +97,9 @@ struct stage {
     int32_t *logit_rows, *logit_seq;
     uint64_t opened_ns;
     stage_stats stats;
+    /* A communicator of the stage was aborted (comm.failed): the stage is lost. */
+    bool failed;
+    char failed_why[ST_ERR_MSG_MAX];
 };
 
 /* ---------------------------------------------------------------- loading */
@@ -106,6 +111,15 @@ static void test_load_delay(void) {
     const char *v = getenv("STRATA_TEST_LOAD_DELAY_MS");
     long ms = v && *v ? strtol(v, NULL, 10) : 0;
     if (ms > 0) nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL);
+}
+
+/* Test-only hook (docs/worker.md): once the file $STRATA_TEST_STAGE_FAIL_FILE
+ * exists, the stage's next forward fails for good, as when a communicator is
+ * aborted (comm.failed), so a CPU test can drive the failure path from the
+ * worker to the coordinator's recovery. Inert unless the variable is set. */
+static bool test_fail_now(void) {
+    const char *f = getenv("STRATA_TEST_STAGE_FAIL_FILE");
+    return f && *f && access(f, F_OK) == 0;
 }
 
 /* Counts a loaded tensor; -1 when the load was cancelled (stage_params.cancel). */
@@ -765,6 +779,11 @@ fail:
 const llama_config *stage_config(const stage *s) { return &s->cfg; }
 int stage_first_layer(const stage *s) { return s->first; }
 int stage_last_layer(const stage *s) { return s->last; }
+bool stage_failed(const stage *s, st_err *why) {
+    if (s->failed && why) snprintf(why->msg, sizeof why->msg, "%s", s->failed_why);
+    return s->failed;
+}
+
 bool stage_is_first(const stage *s) { return s->first == 0; }
 bool stage_is_last(const stage *s) { return s->last == s->cfg.n_layer; }
 int stage_tp(const stage *s) { return s->tp; }
@@ -820,6 +839,13 @@ int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float 
     const double t0 = st_now_s();
     const llama_config *c = &s->cfg;
     const bool first = stage_is_first(s), last = stage_is_last(s);
+    if (s->failed) return st_errf(err, "stage: failed earlier, it cannot run again (%s)", s->failed_why);
+    if (test_fail_now()) {
+        s->failed = true;
+        snprintf(s->failed_why, sizeof s->failed_why,
+                 "comm nccl all_reduce (rank 0): communicator aborted (test: STRATA_TEST_STAGE_FAIL_FILE)");
+        return st_errf(err, "stage: %s", s->failed_why);
+    }
     if (!b || b->n_seqs < 1 || !b->seqs || b->n_tokens < 1)
         return st_errf(err, "stage: empty batch");
     if (first && !b->tokens) return st_errf(err, "stage: the first stage needs token ids");
@@ -882,7 +908,18 @@ int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float 
                    .pos = s->pos, .slots = s->slots, .aseqs = s->aseqs,
                    .logit_rows = s->logit_rows, .logit_seq = s->logit_seq, .n_logit = n_logit,
                    .max_cands = max_cands};
-    if (run_phase(s, 1, err) || run_phase(s, 2, err)) return -1;
+    if (run_phase(s, 1, err) || run_phase(s, 2, err)) {
+        /* A rank whose communicator was aborted (an NCCL error or a missed
+         * deadline) leaves the stage unusable: say so for good. */
+        for (int r = 0; r < s->tp; r++)
+            if (s->ranks[r].c && s->ranks[r].c->failed && !s->failed) {
+                s->failed = true;
+                snprintf(s->failed_why, sizeof s->failed_why, "%s", err ? err->msg : "communicator aborted");
+                ST_ERROR("stage [%d,%d) tp %d failed: rank %d's communicator was aborted: %s", s->first, s->last,
+                         s->tp, r, s->failed_why);
+            }
+        return -1;
+    }
     s->stats.forwards++;
     s->stats.tokens += (uint64_t)b->n_tokens;
     s->stats.busy_seconds += st_now_s() - t0;

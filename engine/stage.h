@@ -155,6 +155,12 @@ int stage_block_size(const stage *s);
 int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float *hidden_out,
                   stage_sample_out *samples, st_err *err);
 
+/* Whether the stage failed for good: a rank's communicator was aborted (an
+ * NCCL error or a missed deadline, compute/cuda/comm_nccl.h), so every later
+ * stage_forward fails at once. The owner reports the stage lost (the worker:
+ * BatchError.stage_failed) and closes it; why (optional) gets the reason. */
+bool stage_failed(const stage *s, st_err *why);
+
 int stage_rank_stats_get(const stage *s, int rank, stage_rank_stats *out);
 void stage_stats_get(const stage *s, stage_stats *out);
 

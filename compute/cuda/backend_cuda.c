@@ -1,8 +1,10 @@
 /* backend_cuda.c — the CUDA implementation of compute/backend.h (see
- * backend_cuda.h): device memory and its accounting, host-metadata staging,
- * cuBLAS for the linear layers and the kernels of kernels.cu for the rest.
- * Plain C against the CUDA runtime and cuBLAS; every call is checked and
- * turned into an st_err. */
+ * backend_cuda.h): device memory and its accounting, the pinned metadata
+ * ring (meta_ring.h), cuBLAS for the linear layers and the kernels of
+ * kernels.cu for the rest; the all-reduce is ordered with events on the NCCL
+ * stream (comm_nccl.h), and every host wait polls under the communicator's
+ * deadline. Plain C against the CUDA runtime and cuBLAS; every call is
+ * checked and turned into an st_err. */
 #include "compute/cuda/backend_cuda.h"
 
 #include <cublas_v2.h>
@@ -13,11 +15,16 @@
 #include <string.h>
 
 #include "common/dtype.h"
+#include "common/log.h"
+#include "compute/cuda/comm_nccl.h"
 #include "compute/cuda/kernels.h"
+#include "compute/cuda/meta_ring.h"
 
 /* Weight rows dequantized per tile for the f32 prefill GEMM (elements). */
 #define TILE_ELEMS ((size_t)16 << 20) /* 64 MiB of f32 */
-#define META_ALIGN 256
+/* The metadata ring: segments of 1 MiB (grown, once, for a larger op). */
+#define RING_SEGS 4
+#define RING_SEG_BYTES ((size_t)1 << 20)
 
 typedef struct dev_buf {
     void *p;
@@ -32,12 +39,14 @@ typedef struct cuda_be {
     size_t weight_bytes, buf_bytes;
     dev_buf *bufs; /* live alloc() blocks, for release() accounting */
     size_t n_bufs, cap_bufs;
-    void *scratch; /* dequantized tiles / converted activations */
+    void *scratch; /* dequantized tiles / converted activations, sized at weight upload */
     size_t scratch_n;
-    void *meta; /* op metadata copied from the host */
-    size_t meta_n;
-    int32_t *hmeta; /* host staging for the attention metadata */
-    size_t hmeta_n;
+    /* Op metadata: pinned host ring -> device ring, same offsets (meta_ring.h). */
+    meta_ring ring;
+    char *ring_host, *ring_dev;
+    cudaEvent_t ring_ev[META_RING_MAX_SEGS];
+    cudaEvent_t sync_ev; /* host waits: recorded on the stream, polled */
+    comm *comm;          /* the NCCL rank of the last all_reduce: its deadline guards host waits */
     int half_gemm;
     int sync_each; /* STRATA_CUDA_SYNC=1 */
 } cuda_be;
@@ -60,33 +69,89 @@ static int use(const cuda_be *c, st_err *err) {
     return ck(c, cudaSetDevice(c->device), "cudaSetDevice", err);
 }
 
+/* The host waits for `ev`: under the NCCL rank's deadline once the backend
+ * has a communicator (work on the stream may wait for a collective that
+ * never ends), else plainly (nothing on the stream can wait forever). */
+static int wait_event(cuda_be *c, cudaEvent_t ev, const char *what, st_err *err) {
+    if (c->comm && !c->comm->failed) {
+        if (comm_nccl_wait_event(c->comm, ev, what, err) == 0) return 0;
+        return st_err_prefix(err, "cuda backend (device %d)", c->device);
+    }
+    return ck(c, cudaEventSynchronize(ev), what, err);
+}
+
+/* The host waits for everything queued on the stream so far. */
+static int sync_stream(cuda_be *c, const char *what, st_err *err) {
+    if (ck(c, cudaEventRecord(c->sync_ev, c->stream), what, err)) return -1;
+    return wait_event(c, c->sync_ev, what, err);
+}
+
 /* After a launch: the launch error, then (STRATA_CUDA_SYNC=1) the execution error. */
-static int launched(const cuda_be *c, cudaError_t e, const char *what, st_err *err) {
+static int launched(cuda_be *c, cudaError_t e, const char *what, st_err *err) {
     if (ck(c, e, what, err)) return -1;
-    if (c->sync_each) return ck(c, cudaStreamSynchronize(c->stream), what, err);
+    if (c->sync_each) return sync_stream(c, what, err);
     return 0;
 }
 
-/* Grows a device buffer to at least `need` bytes (contents not kept). */
-static int grow(cuda_be *c, void **p, size_t *n, size_t need, const char *what, st_err *err) {
-    if (need <= *n) return 0;
-    if (*p) {
-        /* Kernels queued on the stream may still read the old buffer. */
-        if (ck(c, cudaStreamSynchronize(c->stream), what, err)) return -1;
-        cudaFree(*p);
-        *p = NULL;
-        *n = 0;
-    }
-    if (ck(c, cudaMalloc(p, need), what, err)) {
-        *p = NULL;
+/* ---- the metadata ring's events (meta_ring_ops) ---- */
+
+static int ring_record(void *ctx, int seg, st_err *err) {
+    cuda_be *c = ctx;
+    return ck(c, cudaEventRecord(c->ring_ev[seg], c->stream), "metadata ring event", err);
+}
+
+static int ring_wait(void *ctx, int seg, st_err *err) {
+    cuda_be *c = ctx;
+    return wait_event(c, c->ring_ev[seg], "metadata ring wait", err);
+}
+
+static const meta_ring_ops k_ring_ops = {ring_record, ring_wait};
+
+static void ring_free(cuda_be *c) {
+    if (c->ring_host) cudaFreeHost(c->ring_host);
+    if (c->ring_dev) cudaFree(c->ring_dev);
+    c->ring_host = c->ring_dev = NULL;
+}
+
+/* (Re)makes the ring with segments of seg_bytes: pinned host + device memory.
+ * At creation, and only again for an op whose metadata exceeds a segment. */
+static int ring_make(cuda_be *c, size_t seg_bytes, st_err *err) {
+    if (c->ring_host && sync_stream(c, "metadata ring", err)) return -1;
+    ring_free(c);
+    const size_t total = seg_bytes * RING_SEGS;
+    if (ck(c, cudaHostAlloc((void **)&c->ring_host, total, cudaHostAllocPortable), "pinned metadata ring", err) ||
+        ck(c, cudaMalloc((void **)&c->ring_dev, total), "device metadata ring", err)) {
+        cudaGetLastError();
+        ring_free(c);
         return -1;
     }
-    *n = need;
+    return meta_ring_init(&c->ring, seg_bytes, RING_SEGS, &k_ring_ops, c, err);
+}
+
+/* `total` bytes of the ring for one op: *host to fill, *dev for the kernel;
+ * then ring_send copies them. */
+static int ring_take(cuda_be *c, size_t total, char **host, char **dev, st_err *err) {
+    if (meta_ring_aligned(total) > c->ring.seg_bytes) {
+        size_t seg = meta_ring_seg_bytes_for(2 * total);
+        ST_WARN("cuda backend (device %d): op metadata of %zu bytes exceeds the %zu-byte ring segments; "
+                "growing the ring to %d x %zu bytes (a one-time allocation inside a forward)",
+                c->device, total, c->ring.seg_bytes, RING_SEGS, seg);
+        if (ring_make(c, seg, err)) return -1;
+    }
+    int64_t at = meta_ring_take(&c->ring, total, err);
+    if (at < 0) return -1;
+    *host = c->ring_host + at;
+    *dev = c->ring_dev + at;
     return 0;
 }
 
-/* Copies n host arrays into the metadata buffer (one stream-ordered copy each,
- * so the host arrays may be reused once this returns) and sets *dst[i]. */
+static int ring_send(cuda_be *c, char *dev, const char *host, size_t bytes, st_err *err) {
+    return ck(c, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream), "metadata upload", err);
+}
+
+/* Copies n host arrays through the ring (one pinned, stream-ordered copy for
+ * all, so the host arrays may be reused once this returns) and sets *dst[i]
+ * (NULL for an empty part). */
 typedef struct meta_part {
     const void *src;
     size_t bytes;
@@ -95,21 +160,18 @@ typedef struct meta_part {
 
 static int meta_upload(cuda_be *c, meta_part *parts, int n, st_err *err) {
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (parts[i].bytes + META_ALIGN - 1) / META_ALIGN * META_ALIGN;
-    if (total == 0) total = META_ALIGN;
-    if (grow(c, &c->meta, &c->meta_n, total < 4096 ? 4096 : total, "metadata buffer", err)) return -1;
+    for (int i = 0; i < n; i++) total += parts[i].src ? meta_ring_aligned(parts[i].bytes) : 0;
+    char *h, *d;
+    if (ring_take(c, total, &h, &d, err)) return -1;
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        char *d = (char *)c->meta + off;
         *parts[i].dst = NULL;
         if (parts[i].bytes == 0 || !parts[i].src) continue;
-        if (ck(c, cudaMemcpyAsync(d, parts[i].src, parts[i].bytes, cudaMemcpyHostToDevice, c->stream),
-               "metadata upload", err))
-            return -1;
-        *parts[i].dst = d;
-        off += (parts[i].bytes + META_ALIGN - 1) / META_ALIGN * META_ALIGN;
+        memcpy(h + off, parts[i].src, parts[i].bytes);
+        *parts[i].dst = d + off;
+        off += meta_ring_aligned(parts[i].bytes);
     }
-    return 0;
+    return off ? ring_send(c, d, h, off, err) : 0;
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -117,14 +179,19 @@ static int meta_upload(cuda_be *c, meta_part *parts, int n, st_err *err) {
 static void cuda_destroy(backend *b) {
     cuda_be *c = CB(b);
     cudaSetDevice(c->device);
-    cudaStreamSynchronize(c->stream);
+    /* Not under the comm's deadline: the group may be gone already. A
+     * collective that was aborted has returned, so this does not hang. */
+    if (c->stream) cudaStreamSynchronize(c->stream);
     for (size_t i = 0; i < c->n_bufs; i++) cudaFree(c->bufs[i].p);
     if (c->scratch) cudaFree(c->scratch);
-    if (c->meta) cudaFree(c->meta);
+    ring_free(c);
+    for (int i = 0; i < META_RING_MAX_SEGS; i++)
+        if (c->ring_ev[i]) cudaEventDestroy(c->ring_ev[i]);
+    if (c->sync_ev) cudaEventDestroy(c->sync_ev);
     if (c->blas) cublasDestroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
+    cudaGetLastError();
     free(c->bufs);
-    free(c->hmeta);
     free(c);
 }
 
@@ -173,7 +240,7 @@ static int cuda_upload(backend *b, void *dst, const void *src, size_t bytes, st_
     if (!dst || !src) return st_errf(err, "cuda backend: upload with a NULL buffer");
     if (use(c, err) ||
         ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "upload", err) ||
-        ck(c, cudaStreamSynchronize(c->stream), "upload", err))
+        sync_stream(c, "upload", err))
         return -1;
     return 0;
 }
@@ -184,7 +251,7 @@ static int cuda_download(backend *b, void *dst, const void *src, size_t bytes, s
     if (!dst || !src) return st_errf(err, "cuda backend: download with a NULL buffer");
     if (use(c, err) ||
         ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "download", err) ||
-        ck(c, cudaStreamSynchronize(c->stream), "download", err))
+        sync_stream(c, "download", err))
         return -1;
     return 0;
 }
@@ -215,9 +282,27 @@ static int cuda_weight_upload(backend *b, backend_weight *w, uint32_t type, int6
         return st_errf(err, "cuda backend (device %d): cudaMalloc of a %zu-byte weight: %s", c->device,
                        n, cudaGetErrorString(e));
     if (ck(c, cudaMemcpyAsync(p, src, n, cudaMemcpyHostToDevice, c->stream), "weight upload", err) ||
-        ck(c, cudaStreamSynchronize(c->stream), "weight upload", err)) {
+        sync_stream(c, "weight upload", err)) {
         cudaFree(p);
         return -1;
+    }
+    /* The prefill GEMM's tile of dequantized rows for this weight: sized now,
+     * at load, so that no forward allocates (see cuda_matmul). */
+    if (type != GGML_TYPE_F32) {
+        int64_t chunk = (int64_t)(TILE_ELEMS / (size_t)cols);
+        if (chunk < 1) chunk = 1;
+        if (chunk > rows) chunk = rows;
+        size_t need = (size_t)chunk * (size_t)cols * sizeof(float);
+        if (need > c->scratch_n) {
+            void *ns = NULL;
+            if (ck(c, cudaMalloc(&ns, need), "gemm scratch", err)) {
+                cudaFree(p);
+                return -1;
+            }
+            if (c->scratch) cudaFree(c->scratch); /* load time: nothing queued reads it */
+            c->scratch = ns;
+            c->scratch_n = need;
+        }
     }
     w->data = p;
     w->type = type;
@@ -271,26 +356,31 @@ static int cuda_matmul(backend *b, float *y, const float *x, const backend_weigh
         return sgemm(c, y, N, w->data, N, x, T, K, err) ? -1 : launched(c, cudaSuccess, "sgemm", err);
     if (T <= CUK_MATVEC_MAX_T)
         return launched(c, cuk_matvec(y, x, w->data, w->type, rb, T, K, N, c->stream), "matvec kernel", err);
+    /* The scratch was sized when a weight of this width was uploaded: a
+     * forward never allocates. */
+    if (c->scratch_n < (size_t)K * sizeof(float))
+        return st_errf(err, "cuda backend (device %d): no GEMM scratch for a %lld-wide weight (not uploaded "
+                       "through this backend?)", c->device, (long long)K);
     if (c->half_gemm && (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16)) {
         const int bf = w->type == GGML_TYPE_BF16;
-        if (grow(c, &c->scratch, &c->scratch_n, (size_t)T * (size_t)K * 2, "gemm scratch", err) ||
-            launched(c, cuk_f32_to_half(c->scratch, x, T * K, bf, c->stream), "convert kernel", err))
-            return -1;
         const float one = 1.0f, zero = 0.0f;
         const cudaDataType_t ht = bf ? CUDA_R_16BF : CUDA_R_16F;
-        if (ckb(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one, w->data, ht,
-                                (int)K, c->scratch, ht, (int)K, &zero, y, CUDA_R_32F, (int)N,
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "cublasGemmEx", err))
-            return -1;
+        /* Activation rows converted to half in chunks that fit the scratch. */
+        int64_t tc = (int64_t)(c->scratch_n / ((size_t)K * 2));
+        for (int64_t t0 = 0; t0 < T; t0 += tc) {
+            const int64_t nt = T - t0 < tc ? T - t0 : tc;
+            if (launched(c, cuk_f32_to_half(c->scratch, x + t0 * K, nt * K, bf, c->stream), "convert kernel", err) ||
+                ckb(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)nt, (int)K, &one, w->data, ht,
+                                    (int)K, c->scratch, ht, (int)K, &zero, y + t0 * N, CUDA_R_32F, (int)N,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                    "cublasGemmEx", err))
+                return -1;
+        }
         return launched(c, cudaSuccess, "gemmex", err);
     }
     /* Dequantize tiles of weight rows to f32, one SGEMM per tile. */
-    int64_t chunk = (int64_t)(TILE_ELEMS / (size_t)K);
-    if (chunk < 1) chunk = 1;
+    int64_t chunk = (int64_t)(c->scratch_n / ((size_t)K * sizeof(float)));
     if (chunk > N) chunk = N;
-    if (grow(c, &c->scratch, &c->scratch_n, (size_t)chunk * (size_t)K * sizeof(float), "gemm scratch", err))
-        return -1;
     for (int64_t n0 = 0; n0 < N; n0 += chunk) {
         const int64_t m = N - n0 < chunk ? N - n0 : chunk;
         if (launched(c, cuk_dequant_rows(c->scratch, (const char *)w->data + (size_t)n0 * rb, w->type, rb, m,
@@ -389,15 +479,12 @@ static int cuda_attention(backend *b, float *out, const float *q, const void *kc
     }
     if (n_rows == 0) return 0;
     if (n_rows > INT_MAX) return st_errf(err, "cuda backend: attention over %lld rows", (long long)n_rows);
-    /* Host staging: row_npos[n_rows], row_btoff[n_rows], bt[n_bt]. */
-    size_t need = (size_t)(2 * n_rows + n_bt);
-    if (need > c->hmeta_n) {
-        int32_t *h = realloc(c->hmeta, need * sizeof *h);
-        if (!h) return st_errf(err, "cuda backend: out of host memory");
-        c->hmeta = h;
-        c->hmeta_n = need;
-    }
-    int32_t *npos = c->hmeta, *btoff = c->hmeta + n_rows, *bt = c->hmeta + 2 * n_rows;
+    if (use(c, err)) return -1;
+    /* Built straight into the pinned ring: row_npos[n_rows], row_btoff[n_rows], bt[n_bt]. */
+    const size_t bytes = (size_t)(2 * n_rows + n_bt) * sizeof(int32_t);
+    char *hring, *dring;
+    if (ring_take(c, bytes, &hring, &dring, err)) return -1;
+    int32_t *npos = (int32_t *)hring, *btoff = npos + n_rows, *bt = npos + 2 * n_rows;
     int64_t o = 0;
     for (int i = 0; i < a->n_seqs; i++) {
         const backend_attn_seq *s = &a->seqs[i];
@@ -409,12 +496,8 @@ static int cuda_attention(backend *b, float *out, const float *q, const void *kc
         }
         o += nb;
     }
-    if (use(c, err)) return -1;
-    void *dnpos, *dbtoff, *dbt;
-    meta_part parts[] = {{npos, (size_t)n_rows * sizeof(int32_t), &dnpos},
-                         {btoff, (size_t)n_rows * sizeof(int32_t), &dbtoff},
-                         {bt, (size_t)n_bt * sizeof(int32_t), &dbt}};
-    if (meta_upload(c, parts, 3, err)) return -1;
+    if (ring_send(c, dring, hring, bytes, err)) return -1;
+    const int32_t *dnpos = (const int32_t *)dring, *dbtoff = dnpos + n_rows, *dbt = dnpos + 2 * n_rows;
     return launched(c, cuk_attention(out, q, kc, vc, a->kv_type == GGML_TYPE_F16, dnpos, dbtoff, dbt, n_rows,
                                      a->n_head, a->n_head_kv, a->head_dim, a->block_size, a->scale,
                                      c->stream),
@@ -470,9 +553,16 @@ static int cuda_get_rows(backend *b, float *dst, const float *src, const int32_t
 static int cuda_all_reduce(backend *b, comm *cm, float *buf, size_t count, st_err *err) {
     cuda_be *c = CB(b);
     if (!cm) return st_errf(err, "cuda backend: all_reduce without a comm");
-    /* The comm runs on its own stream: finish what produced buf first. */
-    if (use(c, err) || ck(c, cudaStreamSynchronize(c->stream), "all_reduce", err)) return -1;
-    return comm_all_reduce_sum(cm, buf, count, COMM_F32, err);
+    if (!comm_is_nccl(cm) || comm_nccl_device(cm) != c->device)
+        return st_errf(err, "cuda backend (device %d): all_reduce needs an NCCL comm on this device", c->device);
+    if (use(c, err)) return -1;
+    /* No host wait: the NCCL stream waits for what produced buf, and this
+     * stream for the all-reduce (events). The comm's deadline then guards
+     * every host wait of this backend. */
+    c->comm = cm;
+    if (comm_nccl_all_reduce_on(cm, buf, count, COMM_F32, c->stream, err))
+        return st_err_prefix(err, "cuda backend (device %d)", c->device);
+    return c->sync_each ? sync_stream(c, "all_reduce", err) : 0;
 }
 
 static const backend_ops cuda_ops = {
@@ -534,7 +624,17 @@ backend *backend_cuda_new(int device, st_err *err) {
     if (use(c, err) ||
         ck(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate", err) ||
         ckb(c, cublasCreate(&c->blas), "cublasCreate", err) ||
-        ckb(c, cublasSetStream(c->blas, c->stream), "cublasSetStream", err)) {
+        ckb(c, cublasSetStream(c->blas, c->stream), "cublasSetStream", err) ||
+        ck(c, cudaEventCreateWithFlags(&c->sync_ev, cudaEventDisableTiming), "cudaEventCreate", err)) {
+        cuda_destroy(&c->base);
+        return NULL;
+    }
+    for (int i = 0; i < RING_SEGS; i++)
+        if (ck(c, cudaEventCreateWithFlags(&c->ring_ev[i], cudaEventDisableTiming), "cudaEventCreate", err)) {
+            cuda_destroy(&c->base);
+            return NULL;
+        }
+    if (ring_make(c, RING_SEG_BYTES, err)) {
         cuda_destroy(&c->base);
         return NULL;
     }
@@ -550,5 +650,5 @@ int backend_cuda_set_half_gemm(backend *b, int on, st_err *err) {
 size_t backend_cuda_scratch_bytes(const backend *b) {
     if (!b || b->ops != &cuda_ops) return 0;
     const cuda_be *c = b->impl;
-    return c->scratch_n + c->meta_n;
+    return c->scratch_n + (c->ring_dev ? c->ring.seg_bytes * RING_SEGS : 0);
 }

@@ -826,6 +826,8 @@ static void recovery_step(cluster *c) {
     }
 }
 
+static void stage_lost(cluster *c, stage_link *l, const char *msg);
+
 static void on_control(cluster *c, stage_link *l, const frame_header *h) {
     ctl_msg *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
     if (!m) {
@@ -928,6 +930,14 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         ST_WARN("cluster: batch %llu: %s", (unsigned long long)m->batch_error->batch_id, msg);
         if (m->batch_error->epoch != c->epoch || c->lost) {
             g_fenced_frames++;
+            break;
+        }
+        if (m->batch_error->stage_failed && c->ready) {
+            /* Not this batch only: the stage is gone (an aborted communicator). */
+            char lost[ST_ERR_MSG_MAX + 64];
+            snprintf(lost, sizeof lost, "stage %d at %s:%d failed (%s)", l->index, l->host, l->port,
+                     m->batch_error->error ? m->batch_error->error : "");
+            stage_lost(c, l, lost);
             break;
         }
         if ((c->on_lost || c->recover) && c->s)

@@ -1,17 +1,25 @@
 /* test_nccl.c — the NCCL collectives (compute/cuda/comm_nccl.c) on every
- * visible GPU, one host thread per rank, against host references. Not in
- * ctest: run it by hand on a GPU machine (build/tests/comm/test_nccl). With
- * no CUDA device it says so and exits 0.
+ * visible GPU, one host thread per rank, against host references; then the
+ * deadline on a real GPU: a collective queued behind work that never ends
+ * (a host function on the NCCL stream that blocks) times out, the
+ * communicator is aborted once, comm.failed is set and every later call
+ * fails at once; the CUDA backend's download behind such work fails the same
+ * way under the comm's deadline. With no CUDA device it says so and exits 77
+ * (ctest skip).
  *
  * Inputs are small integers, so the sums are exact whatever order NCCL adds
  * them in (f32 and bf16: |sum| <= 8 * 16 = 128 fits bf16's 8-bit mantissa).
  */
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
+#include "common/clock.h"
 #include "common/dtype.h"
+#include "compute/cuda/backend_cuda.h"
 #include "compute/cuda/comm_nccl.h"
 #include "tests/testutil.h"
 
@@ -96,6 +104,74 @@ out:
     return NULL;
 }
 
+/* ---- the deadline: work that never ends ---- */
+
+static atomic_int g_release;
+
+/* Runs on the stream and blocks it until released (at most 30 s, so the
+ * test cannot hang whatever happens). */
+static void CUDART_CB block_stream(void *arg) {
+    (void)arg;
+    double t0 = st_now_s();
+    while (!atomic_load(&g_release) && st_now_s() - t0 < 30) nanosleep(&(struct timespec){0, 1000000}, NULL);
+}
+
+static void test_deadline(void) {
+    st_err err;
+    /* The comm: an all-reduce behind a blocked NCCL stream. */
+    comm_nccl_group *g = comm_nccl_group_new(1, &err);
+    REQUIRE_MSG(g != NULL, "%s", err.msg);
+    comm *c = comm_nccl_rank(g, 0);
+    comm_nccl_set_timeout(c, 2.0);
+    void *d = NULL;
+    REQUIRE(cudaMalloc(&d, 4096) == cudaSuccess);
+    atomic_store(&g_release, 0);
+    REQUIRE(cudaLaunchHostFunc((cudaStream_t)comm_nccl_stream(c), block_stream, NULL) == cudaSuccess);
+    double t0 = st_now_s();
+    int rc = comm_all_reduce_sum(c, d, 1024, COMM_F32, &err);
+    double dt = st_now_s() - t0;
+    atomic_store(&g_release, 1);
+    CHECK_EQ_INT(rc, -1);
+    CHECK_MSG(strstr(err.msg, "timed out after") && strstr(err.msg, "communicator aborted"), "%s", err.msg);
+    CHECK_MSG(dt >= 1.9 && dt < 10, "gave up after %.2f s (deadline 2 s)", dt);
+    CHECK_EQ_INT(c->failed, 1);
+    CHECK_EQ_INT(comm_barrier(c, &err), -1);
+    CHECK_MSG(strstr(err.msg, "aborted earlier") != NULL, "%s", err.msg);
+    CHECK_EQ_INT(c->stats.all_reduce_calls, 0);
+    comm_nccl_group_free(g);
+
+    /* The backend: a download behind an all-reduce behind a blocked stream. */
+    g = comm_nccl_group_new(1, &err);
+    REQUIRE_MSG(g != NULL, "%s", err.msg);
+    c = comm_nccl_rank(g, 0);
+    comm_nccl_set_timeout(c, 2.0);
+    backend *be = backend_cuda_new(0, &err);
+    REQUIRE_MSG(be != NULL, "%s", err.msg);
+    float *buf = be->ops->alloc(be, 1024 * sizeof(float), &err);
+    float host[1024];
+    for (int i = 0; i < 1024; i++) host[i] = (float)i;
+    REQUIRE(buf && be->ops->upload(be, buf, host, sizeof host, &err) == 0);
+    /* A healthy all-reduce first (one rank: the sum is the input); no host wait in it. */
+    CHECK_EQ_INT(be->ops->all_reduce(be, c, buf, 1024, &err), 0);
+    CHECK_EQ_INT(be->ops->download(be, host, buf, sizeof host, &err), 0);
+    CHECK(host[1023] == 1023.0f);
+    atomic_store(&g_release, 0);
+    REQUIRE(cudaLaunchHostFunc((cudaStream_t)comm_nccl_stream(c), block_stream, NULL) == cudaSuccess);
+    CHECK_EQ_INT(be->ops->all_reduce(be, c, buf, 1024, &err), 0); /* enqueued: returns at once */
+    t0 = st_now_s();
+    rc = be->ops->download(be, host, buf, sizeof host, &err);
+    dt = st_now_s() - t0;
+    atomic_store(&g_release, 1);
+    CHECK_EQ_INT(rc, -1);
+    CHECK_MSG(strstr(err.msg, "cuda backend (device 0)") && strstr(err.msg, "timed out"), "%s", err.msg);
+    CHECK_MSG(dt >= 1.9 && dt < 10, "download gave up after %.2f s (deadline 2 s)", dt);
+    CHECK_EQ_INT(c->failed, 1);
+    be->ops->release(be, buf);
+    backend_free(be);
+    comm_nccl_group_free(g);
+    cudaFree(d);
+}
+
 int main(void) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -129,5 +205,6 @@ int main(void) {
         }
     }
     comm_nccl_group_free(g);
+    test_deadline();
     return test_summary();
 }

@@ -31,6 +31,13 @@ MODE
                SIGCONT: the stale worker corrupts nothing (a new request
                equals the no-failure run); at the end it is SIGCONTed and
                SIGKILLed by pid whatever happened.
+  commfail     as spare, but stage 1's worker keeps running: its stage fails
+               for good, as when its NCCL communicator is aborted (the
+               test-only STRATA_TEST_STAGE_FAIL_FILE: the file appears
+               mid-stream). The worker reports BatchError.stage_failed, the
+               coordinator treats the stage as lost at once (not by the
+               deadline), the spare takes its place, the streams resume with
+               the no-failure tokens; the failed worker exits 0 on SIGTERM.
 
 Runs under /usr/bin/python3 (Debian's python3-grpcio imports only there).
 """
@@ -76,7 +83,15 @@ class Live(LiveBase):
         log = open(os.path.join(self.tmp, "%s.log" % name), "w")
         cmd = [self.args.worker, "--listen", "127.0.0.1:%d" % free_port(), "--coordinator", self.grpc_addr,
                "--name", name, "--model", self.model, "--threads", "1"]
-        self.workers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        env = dict(self.env, STRATA_TEST_STAGE_FAIL_FILE=self.fail_file(name))
+        self.workers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def fail_file(self, name):
+        return os.path.join(self.tmp, "fail-stage-%s" % name)
+
+    def fail_stage(self, name):
+        """The worker's stage fails for good at its next forward (engine/stage.c's test hook)."""
+        open(self.fail_file(name), "w").close()
 
     def kill(self, name):
         p = self.workers[name]
@@ -156,10 +171,10 @@ def baseline(cl, rs):
     return [o[1] for o in out]
 
 
-def kill_mid_stream(cl, rs, base, label, hang=False):
-    """6 streams; SIGKILL (hang: SIGSTOP) the worker of stage 1 once each has
-    KILL_AT tokens; every stream ends with [DONE], no error event, the
-    baseline's tokens."""
+def kill_mid_stream(cl, rs, base, label, hang=False, fail=False):
+    """6 streams; SIGKILL (hang: SIGSTOP; fail: its stage fails for good) the
+    worker of stage 1 once each has KILL_AT tokens; every stream ends with
+    [DONE], no error event, the baseline's tokens."""
     pl0 = cl.placement().current
     victim = pl0.stages[1].node
     print("placement before: epoch %d %s; killing %s (stage 1) at %d tokens"
@@ -172,6 +187,8 @@ def kill_mid_stream(cl, rs, base, label, hang=False):
             if not at and min(progress) >= KILL_AT:
                 if hang:
                     cl.sigstop(victim)
+                elif fail:
+                    cl.fail_stage(victim)
                 else:
                     cl.kill(victim)
                 at.append(list(progress))
@@ -203,6 +220,13 @@ def kill_mid_stream(cl, rs, base, label, hang=False):
     if hang:
         check(any("lost stage 1" in l and "hung" in l for l in steps),
               "%s: the loss is the per-batch deadline's (stage 1 hung)" % label)
+    if fail:
+        check(any("lost stage 1" in l and "failed (" in l and "communicator aborted" in l for l in steps),
+              "%s: the loss is the stage's own report (BatchError.stage_failed), not the deadline" % label)
+        check(not any("hung" in l for l in steps), "%s: no hang was needed to find it" % label)
+        wl = cl.log(victim)
+        check("failed for good" in wl and "reporting it lost" in wl,
+              "%s: %s logs its failed stage once reported" % (label, victim))
     st, m = cl.get("/metrics")
     vals = {}
     for line in m.splitlines():
@@ -290,6 +314,24 @@ def mode_stop(args):
     return cl
 
 
+def mode_commfail(args):
+    cl = Live(args, 2)
+    try:
+        cl.start_worker("w-a")
+        cl.start_worker("w-b")
+        if not check(wait_for(cl.serving, 120, 0.1), "w-a, w-b serve"):
+            return cl
+        cl.start_worker("w-c")
+        check(wait_for(lambda: cl.nodes()["w-c"].state == pb.NODE_STATE_READY, 60), "the spare w-c is ready")
+        rs = refs(args)
+        base = baseline(cl, rs)
+        kill_mid_stream(cl, rs, base, "commfail", fail=True)
+        check("w-c" in [s.node for s in cl.placement().current.stages], "the spare took a stage")
+    except Exception as e:  # noqa: BLE001
+        check(False, "exception: %r" % e)
+    return cl
+
+
 def mode_repartition(args):
     cl = Live(args, 2)
     try:
@@ -345,7 +387,7 @@ def mode_timeout(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["spare", "repartition", "timeout", "stop"])
+    ap.add_argument("mode", choices=["spare", "repartition", "timeout", "stop", "commfail"])
     for a in ("coordinator", "worker", "proto", "shared", "workdir"):
         ap.add_argument("--" + a, required=True)
     args = ap.parse_args()
