@@ -134,6 +134,7 @@ static void test_deadline(void) {
     CHECK_EQ_INT(rc, -1);
     CHECK_MSG(strstr(err.msg, "timed out after") && strstr(err.msg, "communicator aborted"), "%s", err.msg);
     CHECK_MSG(dt >= 1.9 && dt < 10, "gave up after %.2f s (deadline 2 s)", dt);
+    printf("test_nccl: deadline: an all_reduce behind a blocked stream was aborted after %.2f s (deadline 2 s)\n", dt);
     CHECK_EQ_INT(c->failed, 1);
     CHECK_EQ_INT(comm_barrier(c, &err), -1);
     CHECK_MSG(strstr(err.msg, "aborted earlier") != NULL, "%s", err.msg);
@@ -165,6 +166,7 @@ static void test_deadline(void) {
     CHECK_EQ_INT(rc, -1);
     CHECK_MSG(strstr(err.msg, "cuda backend (device 0)") && strstr(err.msg, "timed out"), "%s", err.msg);
     CHECK_MSG(dt >= 1.9 && dt < 10, "download gave up after %.2f s (deadline 2 s)", dt);
+    printf("test_nccl: deadline: the cuda backend's download behind it failed after %.2f s: %s\n", dt, err.msg);
     CHECK_EQ_INT(c->failed, 1);
     be->ops->release(be, buf);
     backend_free(be);
