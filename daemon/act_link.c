@@ -141,10 +141,67 @@ static void refuse(worker *w, xport_peer *peer, const Strata__V1__ActivationOffe
     answer(w, peer, o, st, "ucx", NULL, why);
 }
 
+/* Keeps an offer until its epoch's assignment (packed: the caller's copy dies). */
+static void keep(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o)
+{
+    size_t n = strata__v1__activation_offer__get_packed_size(o);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) return;
+    strata__v1__activation_offer__pack(o, buf);
+    if (w->n_act_pending == ACT_PENDING_MAX) {
+        free(w->act_pending[0].buf);
+        memmove(&w->act_pending[0], &w->act_pending[1], (ACT_PENDING_MAX - 1) * sizeof w->act_pending[0]);
+        w->n_act_pending--;
+    }
+    w->act_pending[w->n_act_pending++] = (struct act_pending){.peer = peer, .epoch = o->epoch, .buf = buf, .len = n};
+    ST_INFO("worker: boundary %u->%u: offer from %s for epoch %llu came before its assignment; answering when it comes",
+            o->boundary, o->boundary + 1, xport_peer_name(peer), (unsigned long long)o->epoch);
+}
+
+void act_link_peer_gone(worker *w, xport_peer *peer)
+{
+    int k = 0;
+    for (int i = 0; i < w->n_act_pending; i++) {
+        if (!peer || w->act_pending[i].peer == peer) free(w->act_pending[i].buf);
+        else w->act_pending[k++] = w->act_pending[i];
+    }
+    w->n_act_pending = k;
+}
+
+void act_link_assigned(wstage *st)
+{
+    worker *w = st->front;
+    for (int i = 0; i < w->n_act_pending;) {
+        struct act_pending p = w->act_pending[i];
+        if (p.epoch != st->cur.epoch) {
+            i++;
+            continue;
+        }
+        memmove(&w->act_pending[i], &w->act_pending[i + 1], (size_t)(w->n_act_pending - i - 1) * sizeof p);
+        w->n_act_pending--;
+        Strata__V1__ActivationOffer *o = strata__v1__activation_offer__unpack(NULL, p.len, p.buf);
+        free(p.buf);
+        if (o) act_link_on_offer(w, p.peer, o);
+        if (o) strata__v1__activation_offer__free_unpacked(o, NULL);
+    }
+}
+
+/* Whether epoch is newer than every stage this worker holds (its assignment may still come). */
+static bool future_epoch(const worker *w, uint64_t epoch)
+{
+    for (const wstage *x = w->stages; x; x = x->link)
+        if (x->state != W_IDLE && x->cur.epoch >= epoch) return false;
+    return epoch > w->max_epoch || w->max_epoch == 0;
+}
+
 void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o)
 {
     char why[256];
     wstage *st = stage_by_epoch(w, o->epoch);
+    if (!st && future_epoch(w, o->epoch)) {
+        keep(w, peer, o);
+        return;
+    }
     if (!st || st->state == W_FAILED) {
         snprintf(why, sizeof why, "unknown boundary %u->%u: no stage of epoch %llu here", o->boundary,
                  o->boundary + 1, (unsigned long long)o->epoch);

@@ -42,8 +42,15 @@
 void act_link_init(worker *w);
 /* Stage st just connected to its next hop: sends the offer. */
 void act_link_offer(wstage *st);
-/* An ActivationOffer / ActivationAnswer from peer (the receiver / sender side). */
+/* An ActivationOffer / ActivationAnswer from peer (the receiver / sender
+ * side). An offer for an epoch newer than every stage held (the sender's
+ * stage loaded before this worker got its assignment) is kept (at most
+ * ACT_PENDING_MAX, the oldest dropped) and answered by act_link_assigned. */
 void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o);
 void act_link_on_answer(worker *w, xport_peer *peer, const Strata__V1__ActivationAnswer *a);
+/* st took a StageAssign: answers the offers kept for its epoch. */
+void act_link_assigned(wstage *st);
+/* peer is gone: forgets its kept offers. At worker_destroy: peer NULL, all. */
+void act_link_peer_gone(worker *w, xport_peer *peer);
 
 #endif

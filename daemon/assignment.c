@@ -359,6 +359,7 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
         w->coord = peer;
         st_log_set_stage((int)na.stage);
         connect_next(w);
+        act_link_assigned(w);
         reply_ready(w, peer, w->cur.epoch, w->cur.stage, NULL);
         return;
     }
@@ -423,6 +424,7 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
             na.tp, na.kv_blocks, worker_dtype_name(na.act_dtype), *na.next_hop ? na.next_hop : "(coordinator)",
             *na.backend ? na.backend : "cpu");
     compute_submit(w->cq, &oj->cj);
+    act_link_assigned(w); /* an offer that came before this assignment */
 }
 
 static void open_done(wstage *w, struct open_job *oj)

@@ -74,6 +74,7 @@ static void on_disconnect(xport_peer *peer, const char *reason, void *ud)
 {
     worker *w = ud;
     for (wstage *st = w->stages; st; st = st->link) stage_on_disconnect(st, peer, reason);
+    act_link_peer_gone(w, peer);
     for (wstage *st = w->released; st; st = st->link) {
         if (st->coord == peer) st->coord = NULL;
         if (st->next == peer) st->next = NULL;
@@ -245,6 +246,7 @@ void worker_destroy(worker *w)
         w->released = st->link;
         stage_free(st);
     }
+    act_link_peer_gone(w, NULL);
     for (int i = 0; i < w->n_models; i++) free(w->models[i]);
     free(w->models);
     if (w->model_dirfd >= 0) close(w->model_dirfd);

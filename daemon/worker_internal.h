@@ -26,6 +26,7 @@
 #define BACKOFF_MAX_S 5.0
 #define MAX_STAGES 4             /* stages of different epochs held at once */
 #define LOAD_MAX_SEQS 4096       /* sequences tracked for worker_load_get */
+#define ACT_PENDING_MAX 8        /* ActivationOffers kept until their epoch's StageAssign */
 
 typedef Strata__V1__ControlMessage ctl_msg;
 
@@ -33,6 +34,15 @@ enum wstate { W_IDLE, W_LOADING, W_READY, W_FAILED };
 
 typedef struct wstage wstage;
 struct backend_module;
+
+/* An ActivationOffer that came before the StageAssign of its epoch (the
+ * previous stage loaded first): packed, answered when the assignment comes. */
+struct act_pending {
+    xport_peer *peer;
+    uint64_t epoch;
+    uint8_t *buf;
+    size_t len;
+};
 
 /* A registered host buffer of the data path (ucp_mem_map'd): pageable
  * (xport_mem_alloc) on a CPU stage; on a GPU stage pinned by its backend
@@ -125,6 +135,8 @@ struct worker {
     char machine_id[64];    /* /etc/machine-id (the host name without one) */
     bool ucx_cuda;          /* xport_memory_cuda */
     bool act_test_nccl;     /* STRATA_TEST_ACT_TRANSPORT=nccl */
+    struct act_pending act_pending[ACT_PENDING_MAX];
+    int n_act_pending;
     /* worker_load_get window: sequences seen and their block-table lengths */
     uint64_t load_seq[LOAD_MAX_SEQS];
     int load_blocks[LOAD_MAX_SEQS];

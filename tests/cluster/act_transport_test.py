@@ -4,6 +4,7 @@
 strata-worker processes on 127.0.0.1, and tests/daemon/rogue_peer.
 
   act_transport_test.py MODE --coordinator BIN --worker BIN --rogue BIN --shared DIR
+                         [--fake-gpu MODULE]
 
 MODE
   auto      PP 2 on the CPU: both workers log "boundary 0->1: ucx (both stages
@@ -15,12 +16,20 @@ MODE
             the same 256 hex digits; stage 1 chooses nccl, cannot start it
             (its stage runs on the CPU backend), falls back to ucx and says
             so, stage 0 logs that answer; the reference tokens come back
+  pinned    PP 2 with both stages on backend "cuda" served by
+            tests/backend/fake_gpu_module.c (a CUDA module that computes on
+            the CPU, through STRATA_BACKEND_PATH): both workers log
+            "boundary 0->1: ucx-pinned (...)", take their hand-off buffers
+            from the module's pinned allocator (stage 0 its output rows,
+            stage 1 its input rows), serve the reference tokens, and after
+            SIGTERM have given every pinned buffer back (live 0)
   offers    one worker holding stage 1 of 2, offers from rogue_peer: a
             128-byte id arrives byte-exact; a 127-byte and a 129-byte id, a
-            boundary the worker is not on, an epoch it does not hold and a
-            NCCL offer without an id each get an ActivationAnswer with a clear
-            error (and a log line); the worker keeps running and still
-            answers a good offer afterwards. With a cluster key, an offer
+            boundary the worker is not on and an epoch older than its stage
+            each get an ActivationAnswer with a clear error (and a log
+            line); the worker keeps running and still answers a good offer
+            afterwards; an offer for an epoch not assigned yet is kept and
+            answered when that StageAssign comes. With a cluster key, an offer
             from a peer that proved the coordinator role is refused (not a
             stage). A bad --activation-transport value stops the worker
             (exit 2) with a message naming the flag.
@@ -88,6 +97,36 @@ def pp2(args, hook):
         cl.kill()
 
 
+def mode_pinned(args):
+    refs = load_ref(args, "stories260K-greedy.json")[:2]
+    want = [r["completion_tokens"][:32] for r in refs]
+    os.environ["STRATA_BACKEND_PATH"] = args.fake_gpu
+    cl = Cluster(args, [{"tp": 1, "cfg": ["backend = cuda"]}, {"tp": 1, "cfg": ["backend = cuda"]}])
+    try:
+        check(cl.start(), "a PP 2 cluster of two (fake) GPU stages starts")
+        check(ref_tokens(cl, refs) == want, "it serves the reference tokens")
+        wait_for(lambda: re.search(r"boundary 0->1: ucx-pinned \(", logs(cl, 0)), 20)
+        line = ("boundary 0->1: ucx-pinned (GPU stages; UCX without CUDA memory on the sending side, "
+                "no NCCL (NCCL is not available on the sending side))")
+        for i in (0, 1):
+            w = logs(cl, i)
+            check(line in w, "worker %d logs: %s" % (i, line))
+            allocs = re.findall(r"fake-gpu: host_alloc (\d+) live (\d+)", w)
+            check(len(allocs) >= 1, "worker %d took %d pinned hand-off buffer(s) from the module" % (i, len(allocs)))
+            check(all(int(b) >= 64 << 10 for b, _ in allocs), "each of at least 64 KiB (the pool's minimum)")
+        rcs = cl.stop()
+        for i in (0, 1):
+            check(rcs.get("worker%d" % i) == 0, "worker %d exits 0 on SIGTERM (%s)" % (i, rcs.get("worker%d" % i)))
+            lives = re.findall(r"fake-gpu: host_(?:alloc \d+|free) live (\d+)", logs(cl, i))
+            check(lives and lives[-1] == "0", "worker %d gave every pinned buffer back (live %s at the end)"
+                  % (i, lives[-1] if lives else "?"))
+    finally:
+        os.environ.pop("STRATA_BACKEND_PATH", None)
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
 def mode_offers(args):
     tmp = tempfile.mkdtemp(prefix="strata-act-")
     mdir = os.path.join(args.shared, "models")
@@ -120,12 +159,21 @@ def mode_offers(args):
               "the 128-byte id arrived byte-exact")
         check("ActivationOffer from 127.0.0.1:" in w and "refused: boundary 0->1: NCCL id of 127 bytes" in w,
               "the worker logs the refusal")
-        out = rogue(args, addr, ["offer:0:128"], wait=20, expect=1, epoch=9, stage=1)
-        check("error=unknown boundary 0->1: no stage of epoch 9 here" in out, "an epoch it does not hold")
+        out = rogue(args, addr, ["offer:0:128"], wait=20, expect=1, epoch=0, stage=1)
+        check("error=unknown boundary 0->1: no stage of epoch 0 here" in out, "an older epoch it does not hold")
         out = rogue(args, addr, ["offer:0:0", "stats"], wait=20, expect=2, **st1)
         check("answer boundary=0 transport=ucx error=" in out and "loaded=1" in out,
               "the worker still answers and holds its stage")
         check(p.poll() is None, "the worker is still running")
+        # An offer before its epoch's assignment (the sender's stage loaded
+        # first) is kept and answered when the StageAssign comes.
+        out = rogue(args, addr, ["offer:0:128", "assign:stories260K.gguf"], wait=60, expect=2,
+                    **dict(st1, epoch=2))
+        lines = [l for l in out.splitlines() if l.startswith(("answer", "ready"))]
+        check(lines == ["answer boundary=0 transport=ucx-pinned error=", "ready ok=1 epoch=2 stage=1 error="],
+              "an offer for epoch 2 before its StageAssign is answered once it comes (%s)" % lines)
+        check("offer from 127.0.0.1:" in read(log) and "came before its assignment" in read(log),
+              "the worker logs that it kept the offer")
         # With a key: an offer from the coordinator role is not a stage's.
         key = write_key(os.path.join(tmp, "cluster.key"), KEY)
         pk, kport, klog, ok = start_worker(args, tmp, "wk", ["--model-dir", mdir, "--cluster-key-file", key])
@@ -149,16 +197,19 @@ def mode_offers(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["auto", "nccl", "offers"])
+    ap.add_argument("mode", choices=["auto", "nccl", "pinned", "offers"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--rogue", required=True)
     ap.add_argument("--shared", required=True)
+    ap.add_argument("--fake-gpu", help="tests/backend/fake_gpu_module.c's module (mode pinned)")
     args = ap.parse_args()
     os.environ.setdefault("UCX_TLS", "tcp")
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     if args.mode == "offers":
         mode_offers(args)
+    elif args.mode == "pinned":
+        mode_pinned(args)
     else:
         pp2(args, args.mode == "nccl")
     print("%s: %s" % (args.mode, "FAIL (%d)" % len(FAILS) if FAILS else "ok"))

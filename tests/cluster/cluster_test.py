@@ -62,7 +62,7 @@ from harness import FAILS, NetnsBridge, check, netns_unavailable, check_streams,
 
 class Cluster:
     """Workers + coordinator. stages: list of dicts {tp, host, netns, args (extra
-    worker flags)}."""
+    worker flags), cfg (extra [stage.N] lines)}."""
 
     def __init__(self, args, stages, partition=None, extra_cfg="", threads_per_rank=1,
                  model=None, coord_args=(), kv_blocks=512, worker_args=()):
@@ -109,6 +109,7 @@ class Cluster:
             p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             self.procs.append(("worker%d" % i, p))
             cfg += ["[stage.%d]" % i, "address = %s:%d" % (host, port), "tp = %d" % st["tp"]]
+            cfg += st.get("cfg", [])  # extra [stage.N] keys (backend = cuda, ...)
         path = os.path.join(self.tmp, "cluster.ini")
         with open(path, "w") as f:
             f.write("\n".join(cfg) + "\n")
