@@ -1,60 +1,70 @@
 /* p2p_nccl.c — a 2-rank NCCL communicator per pipeline boundary: ncclSend /
- * ncclRecv of device buffers between two processes (p2p_nccl.h). Plain C
- * against the CUDA runtime API. */
+ * ncclRecv of device buffers between two processes (p2p_nccl.h). Every wait
+ * goes through nccl_guard (deadline, poll, abort), as the TP collectives of
+ * comm_nccl.c do. Plain C against the CUDA runtime API. */
 #define _GNU_SOURCE
 #include "compute/cuda/p2p_nccl.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "common/clock.h"
+#include "compute/cuda/nccl_guard.h"
 
 struct backend_p2p {
     ncclComm_t nc;
     cudaStream_t stream;
+    cudaEvent_t done_ev; /* recorded after each transfer: the guard waits for it */
     int rank, device;
-    bool broken; /* aborted: only close */
+    nccl_guard guard;
 };
 
-static void nap(void)
+/* ---- the guard's NCCL calls ---- */
+
+static nccl_poll comm_state(void *comm, char *why, size_t n)
 {
-    struct timespec ts = {0, 200 * 1000}; /* 0.2 ms: a transfer of a decode step takes longer */
-    nanosleep(&ts, NULL);
+    ncclComm_t nc = comm;
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(nc, &state);
+    if (r != ncclSuccess) state = r;
+    if (state == ncclSuccess) return NCCL_POLL_DONE;
+    if (state == ncclInProgress) return NCCL_POLL_PENDING;
+    const char *last = ncclGetLastError(nc);
+    snprintf(why, n, "%s%s%s", ncclGetErrorString(state), last && *last ? ": " : "", last && *last ? last : "");
+    return NCCL_POLL_FAILED;
 }
 
-static int fail_abort(backend_p2p *p, st_err *err, const char *what, const char *why)
+static void comm_abort(void *comm) { ncclCommAbort((ncclComm_t)comm); }
+
+static const nccl_guard_ops guard_ops = {comm_state, comm_abort, nccl_guard_now_s, nccl_guard_pause};
+
+static nccl_poll event_poll(void *ctx, char *why, size_t n)
 {
-    if (p->nc && !p->broken) ncclCommAbort(p->nc);
-    p->nc = NULL;
-    p->broken = true;
-    return st_errf(err, "nccl p2p (rank %d, device %d) %s: %s; communicator aborted", p->rank, p->device, what, why);
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ctx);
+    if (e == cudaSuccess) return NCCL_POLL_DONE;
+    if (e == cudaErrorNotReady) return NCCL_POLL_PENDING;
+    snprintf(why, n, "CUDA: %s", cudaGetErrorString(e));
+    return NCCL_POLL_FAILED;
 }
 
-/* Waits until the communicator has no operation in progress (after a
- * non-blocking call) and, with `stream_too`, the stream is done. */
-static int wait_done(backend_p2p *p, const char *what, bool stream_too, double deadline, st_err *err)
+static nccl_poll launched(ncclResult_t r, char *why, size_t n)
 {
-    for (;;) {
-        ncclResult_t a = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(p->nc, &a);
-        if (r != ncclSuccess) return fail_abort(p, err, what, ncclGetErrorString(r));
-        if (a != ncclSuccess && a != ncclInProgress) return fail_abort(p, err, what, ncclGetErrorString(a));
-        if (a == ncclSuccess) {
-            if (!stream_too) return 0;
-            cudaError_t e = cudaStreamQuery(p->stream);
-            if (e == cudaSuccess) return 0;
-            if (e != cudaErrorNotReady) {
-                cudaGetLastError();
-                return fail_abort(p, err, what, cudaGetErrorString(e));
-            }
-        }
-        if (st_now_s() > deadline) return fail_abort(p, err, what, "timed out (peer gone or stalled)");
-        nap();
-    }
+    if (r == ncclSuccess) return NCCL_POLL_DONE;
+    if (r == ncclInProgress) return NCCL_POLL_PENDING;
+    snprintf(why, n, "%s", ncclGetErrorString(r));
+    return NCCL_POLL_FAILED;
 }
+
+/* After a guarded wait: an aborted communicator is gone (abort freed it). */
+static int settle(backend_p2p *p, int rc)
+{
+    if (p->guard.aborted) p->nc = NULL;
+    return rc;
+}
+
+/* ---- the table ---- */
 
 static int p2p_unique_id(uint8_t *out, st_err *err)
 {
@@ -70,16 +80,15 @@ static void p2p_close(backend_p2p *p)
     if (!p) return;
     cudaSetDevice(p->device);
     if (p->nc) {
-        /* finalize flushes what is queued; abort if that does not end */
-        ncclResult_t r = ncclCommFinalize(p->nc);
+        /* finalize flushes what is queued; the guard aborts it past the deadline */
+        char why[200] = "";
+        nccl_poll l = launched(ncclCommFinalize(p->nc), why, sizeof why);
         st_err e;
-        if (r == ncclSuccess || r == ncclInProgress) {
-            if (wait_done(p, "close", false, st_now_s() + 5.0, &e) == 0) ncclCommDestroy(p->nc);
-        } else {
-            ncclCommAbort(p->nc);
-        }
+        if (settle(p, nccl_guard_wait(&p->guard, "finalize", l, why, NULL, NULL, &e)) == 0 && p->nc)
+            ncclCommDestroy(p->nc);
         p->nc = NULL;
     }
+    if (p->done_ev) cudaEventDestroy(p->done_ev);
     if (p->stream) cudaStreamDestroy(p->stream);
     free(p);
 }
@@ -91,8 +100,12 @@ static backend_p2p *p2p_open(const uint8_t *id, int rank, int device, double tim
     if (!p) return st_errf(err, "nccl p2p: out of memory"), NULL;
     p->rank = rank;
     p->device = device;
+    char name[48];
+    snprintf(name, sizeof name, "p2p rank %d (device %d)", rank, device);
+    nccl_guard_init(&p->guard, &guard_ops, NULL, timeout_s, NULL, name);
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->done_ev, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         cudaGetLastError();
         st_errf(err, "nccl p2p (rank %d): device %d: %s", rank, device, cudaGetErrorString(e));
@@ -102,16 +115,15 @@ static backend_p2p *p2p_open(const uint8_t *id, int rank, int device, double tim
     ncclUniqueId uid;
     memcpy(uid.internal, id, NCCL_UNIQUE_ID_BYTES);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0; /* the init and every call return at once; wait_done polls */
-    ncclResult_t r = ncclCommInitRankConfig(&p->nc, 2, uid, rank, &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        st_errf(err, "nccl p2p (rank %d, device %d) init: %s", rank, device, ncclGetErrorString(r));
-        if (p->nc) ncclCommAbort(p->nc);
-        p->nc = NULL;
-        p2p_close(p);
-        return NULL;
+    cfg.blocking = 0; /* the init and every call return at once; the guard polls */
+    char why[200] = "";
+    nccl_poll l = launched(ncclCommInitRankConfig(&p->nc, 2, uid, rank, &cfg), why, sizeof why);
+    if (!p->nc && l != NCCL_POLL_FAILED) {
+        l = NCCL_POLL_FAILED;
+        snprintf(why, sizeof why, "ncclCommInitRankConfig gave no communicator");
     }
-    if (wait_done(p, "init", false, st_now_s() + timeout_s, err)) {
+    p->guard.comm = p->nc;
+    if (settle(p, nccl_guard_wait(&p->guard, "init", l, why, NULL, NULL, err))) {
         p2p_close(p);
         return NULL;
     }
@@ -121,16 +133,27 @@ static backend_p2p *p2p_open(const uint8_t *id, int rank, int device, double tim
 static int p2p_xfer(backend_p2p *p, bool send, void *dev, size_t bytes, double timeout_s, st_err *err)
 {
     const char *what = send ? "send" : "recv";
-    if (!p || p->broken) return st_errf(err, "nccl p2p %s: the communicator was aborted", what);
+    if (!p) return st_errf(err, "nccl p2p %s: no communicator", what);
+    if (p->guard.aborted)
+        return st_errf(err, "nccl p2p %s (%s): the communicator was aborted earlier (%s)", what, p->guard.name,
+                       p->guard.why);
     if (bytes && !dev) return st_errf(err, "nccl p2p %s: NULL buffer", what);
     if (!bytes) return 0;
+    char why[200] = "";
     cudaError_t e = cudaSetDevice(p->device);
-    if (e != cudaSuccess) return fail_abort(p, err, what, cudaGetErrorString(e));
-    const double deadline = st_now_s() + timeout_s;
-    ncclResult_t r = send ? ncclSend(dev, bytes, ncclUint8, 1 - p->rank, p->nc, p->stream)
-                          : ncclRecv(dev, bytes, ncclUint8, 1 - p->rank, p->nc, p->stream);
-    if (r != ncclSuccess && r != ncclInProgress) return fail_abort(p, err, what, ncclGetErrorString(r));
-    return wait_done(p, what, true, deadline, err);
+    ncclResult_t r = ncclSuccess;
+    if (e == cudaSuccess)
+        r = send ? ncclSend(dev, bytes, ncclUint8, 1 - p->rank, p->nc, p->stream)
+                 : ncclRecv(dev, bytes, ncclUint8, 1 - p->rank, p->nc, p->stream);
+    nccl_poll l = e != cudaSuccess ? NCCL_POLL_FAILED : launched(r, why, sizeof why);
+    if (e != cudaSuccess) snprintf(why, sizeof why, "CUDA: %s", cudaGetErrorString(e));
+    if (l != NCCL_POLL_FAILED && (e = cudaEventRecord(p->done_ev, p->stream)) != cudaSuccess) {
+        l = NCCL_POLL_FAILED;
+        snprintf(why, sizeof why, "CUDA: %s", cudaGetErrorString(e));
+    }
+    if (e != cudaSuccess) cudaGetLastError();
+    p->guard.timeout_s = timeout_s;
+    return settle(p, nccl_guard_wait(&p->guard, what, l, why, event_poll, p->done_ev, err));
 }
 
 static int p2p_send(backend_p2p *p, const void *dev, size_t bytes, double timeout_s, st_err *err)
