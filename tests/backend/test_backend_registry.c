@@ -21,6 +21,7 @@ static void test_cpu(void) {
     st_err err = {{0}};
     const backend_module *m = backend_registry_get("cpu", &err);
     REQUIRE(m);
+    CHECK(!m->host_alloc && !m->host_free && !m->p2p); /* plain host memory, no NCCL */
     CHECK(backend_registry_get(NULL, &err) == m);
     CHECK_EQ_STR(m->name, "cpu");
     CHECK_EQ_INT(m->abi, BACKEND_MODULE_ABI);
@@ -81,6 +82,11 @@ int main(int argc, char **argv) {
     REQUIRE_MSG(cuda, "the module is built but did not load: %s", err.msg);
     CHECK_EQ_STR(cuda->name, "cuda");
     CHECK(cuda->device_memory);
+    /* ABI 2: the pinned allocator of the activation hand-off and the NCCL
+     * point-to-point of a pipeline boundary (128-byte unique ids) */
+    CHECK(cuda->host_alloc && cuda->host_free);
+    CHECK(cuda->p2p && cuda->p2p->id_bytes == 128 && cuda->p2p->unique_id && cuda->p2p->open && cuda->p2p->send &&
+          cuda->p2p->recv && cuda->p2p->close);
     int count = cuda->device_count();
     printf("cuda module loaded: %d device(s)\n", count);
     if (count == 0) {
