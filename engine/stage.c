@@ -41,6 +41,7 @@ typedef struct rank_ctx {
     int lm_head_shared; /* lm_head aliases tok_embd (tied, first and last stage) */
     /* Activations (device), sized for cap tokens / cap_s logit rows. */
     int64_t cap, cap_s;
+    bool grown_logged; /* a batch outgrew the load-time workspace (logged once) */
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u, *xs, *logits;
     float *h_logits;         /* host copy [cap_s, n_vocab_local] */
     unsigned char *blob_send, *blob_recv; /* all-gather buffers (host) */
@@ -315,6 +316,14 @@ static int rank_prepare(rank_ctx *rc, int64_t T, int64_t S, st_err *err) {
     backend *be = rc->be;
     const llama_config *c = &s->cfg;
     const shard_plan *pl = &rc->plan;
+    if (s->cuda && rc->cap > 0 && (T > rc->cap || (S > rc->cap_s && s->last == c->n_layer)) &&
+        !rc->grown_logged) {
+        rc->grown_logged = true;
+        ST_WARN("stage [%d,%d) rank %d: a batch of %lld tokens (%lld sampled) outgrows the workspace allocated "
+                "at load (%lld tokens, %lld sampled); it grows now, an allocation inside a forward (raise "
+                "stage_params.max_batch_tokens)", s->first, s->last, rc->rank, (long long)T, (long long)S,
+                (long long)rc->cap, (long long)rc->cap_s);
+    }
     if (T > rc->cap) {
         rank_free_acts(rc);
         int64_t cap = T < 16 ? 16 : T;
@@ -534,6 +543,12 @@ static void *rank_main(void *arg) {
                 rc->rc = -1;
             } else {
                 rc->rc = rank_load(rc, &rc->err);
+                /* A device backend gets its workspace now, not in a forward. */
+                if (rc->rc == 0 && s->cuda) {
+                    const int64_t T0 = s->p.max_batch_tokens > 0 ? s->p.max_batch_tokens : 512;
+                    const int64_t S0 = s->last == s->cfg.n_layer ? (T0 < 256 ? T0 : 256) : 0;
+                    rc->rc = rank_prepare(rc, T0, S0, &rc->err); /* s->cur.max_cands = 1 (stage_open) */
+                }
             }
         } else if (phase == 1) {
             rc->rc = rank_prepare(rc, s->cur.b->n_tokens, s->cur.n_logit, &rc->err);
@@ -761,6 +776,7 @@ stage *stage_open(const stage_params *pin, st_err *err) {
     ST_INFO("stage [%d,%d) of %d layers, tp %d, %d threads: loading %s (%.1f MiB)", s->first,
             s->last, s->cfg.n_layer, s->tp, n_threads, s->p.model_path,
             (double)s->load_total / 1048576.0);
+    s->cur.max_cands = 1; /* the sampling blobs of the load-time workspace (rank_prepare) */
     if (run_phase(s, 0, err)) goto fail;
     /* The ranks hold their copies now; drop what is left of the mapping from RSS. */
     for (int64_t i = 0; i < gguf_n_tensors(s->f); i++) {

@@ -70,6 +70,12 @@ typedef struct stage_params {
     /* Optional: set from another thread to abandon the load; stage_open then
      * fails soon (checked between tensors) with "load cancelled". */
     const atomic_bool *cancel;
+    /* Device backends: the activation workspace is allocated at load for
+     * micro-batches of up to this many tokens (and logits for up to
+     * min(this, 256) sequences), so a forward allocates nothing; a larger
+     * batch grows it once (logged). 0 = 512, the coordinator's default
+     * max_batch_tokens. */
+    int max_batch_tokens;
 } stage_params;
 
 /* One sequence in a micro-batch. Its n_tokens tokens are at positions

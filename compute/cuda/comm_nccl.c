@@ -263,6 +263,7 @@ comm_nccl_group *comm_nccl_group_new_on(int n_devices, const int *devices, st_er
         char name[48];
         snprintf(name, sizeof name, "rank %d of %d, device %d", i, n_devices, h->device);
         nccl_guard_init(&h->guard, &real_guard_ops, NULL, init_timeout, &g->failed, name);
+        h->guard.deadline_var = "STRATA_NCCL_INIT_TIMEOUT_S";
     }
     /* Streams, events and the barrier's scratch first: nothing of NCCL yet. */
     for (int i = 0; i < n_devices; i++) {
@@ -316,6 +317,7 @@ comm_nccl_group *comm_nccl_group_new_on(int n_devices, const int *devices, st_er
         st_err e2;
         if (settle(h, nccl_guard_wait(&h->guard, "init", l, why, NULL, NULL, rc ? &e2 : err)) && rc == 0) rc = -1;
         h->guard.timeout_s = timeout;
+        h->guard.deadline_var = "STRATA_NCCL_TIMEOUT_S";
     }
     free(rs);
     if (rc) {

@@ -40,6 +40,7 @@ void nccl_guard_init(nccl_guard *g, const nccl_guard_ops *ops, void *comm, doubl
     g->timeout_s = timeout_s > 0 ? timeout_s : NCCL_GUARD_TIMEOUT_S;
     g->group_failed = group_failed;
     snprintf(g->name, sizeof g->name, "%s", name ? name : "?");
+    g->deadline_var = "STRATA_NCCL_TIMEOUT_S";
 }
 
 void nccl_guard_abort(nccl_guard *g, const char *why) {
@@ -101,8 +102,9 @@ int nccl_guard_wait(nccl_guard *g, const char *what, nccl_poll launched, const c
         }
         double waited = g->ops->now_s() - t0;
         if (waited > g->timeout_s) {
-            snprintf(msg, sizeof msg, "timed out after %.1f s (%s; deadline STRATA_NCCL_TIMEOUT_S = %.0f s)", waited,
-                     enqueued ? "the GPU work behind it never finished" : "NCCL still in progress", g->timeout_s);
+            snprintf(msg, sizeof msg, "timed out after %.1f s (%s; deadline %s = %g s)", waited,
+                     enqueued ? "the GPU work behind it never finished" : "NCCL still in progress",
+                     g->deadline_var ? g->deadline_var : "?", g->timeout_s);
             return fail(g, what, msg, err);
         }
         g->ops->pause(polls);

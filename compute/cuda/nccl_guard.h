@@ -61,6 +61,8 @@ typedef struct nccl_guard {
     double timeout_s;           /* of one wait */
     atomic_int *group_failed;   /* optional, shared by the group's ranks */
     char name[48];              /* for messages: "rank 1 (device 1)" */
+    const char *deadline_var;   /* the setting named in a timeout's message
+                                   (default "STRATA_NCCL_TIMEOUT_S") */
     bool aborted;
     char why[256];              /* why it was aborted */
     unsigned long long aborts;  /* comm_abort calls (0 or 1) */

@@ -107,7 +107,9 @@ static void test_in_progress_forever(void) {
     CHECK_EQ_INT(f.aborts, 1);
     CHECK(g.aborted);
     CHECK_MSG(strstr(err.msg, "comm nccl all_reduce (rank 0 (device 0)): timed out after 2.0") != NULL, "%s", err.msg);
-    CHECK_MSG(strstr(err.msg, "NCCL still in progress") && strstr(err.msg, "communicator aborted"), "%s", err.msg);
+    CHECK_MSG(strstr(err.msg, "NCCL still in progress; deadline STRATA_NCCL_TIMEOUT_S = 2 s)") &&
+                  strstr(err.msg, "communicator aborted"),
+              "%s", err.msg);
     /* It gave up at the deadline, not before and not much later: 2.0 s in 0.01 s steps. */
     CHECK_MSG(f.now >= 2.0 && f.now < 2.05, "clock %.3f", f.now);
     CHECK(f.pauses >= 200 && f.pauses <= 202);
