@@ -3,8 +3,12 @@
  *
  * T < CPU_MATVEC_MAX_T: matvec, weight rows split evenly over the threads;
  * each row is read once and dotted with every token row (memory bound).
- * Q8_0 weights take llama.cpp's route: the token rows are quantized to Q8_0
- * blocks first (cpu_quantize_q8) and dotted in integers.
+ * Q8_0 weights take llama.cpp's route at every T: the token rows are
+ * quantized to Q8_0 blocks first (cpu_quantize_q8) and dotted in integers,
+ * by the matvec for small T and by the level's integer GEMM (gemm_q8_*.c,
+ * VNNI on the avx512 level where the CPU has it) for larger T, both in the
+ * canonical Q8_0 order (the same bits). cpu_matmul_set_q8_float(1) sends
+ * Q8_0 to the dequantized-float GEMM instead (the tests' reference).
  * Otherwise GEMM: the level's own register-blocked kernel (x packed
  * transposed once per chunk of tokens, by all threads). Every level computes
  * the canonical summation order of simd.h, so the results are the same bits
@@ -43,6 +47,8 @@ static int mm_best = CPU_SIMD_SCALAR;
 static atomic_int mm_level = CPU_SIMD_SCALAR;
 static atomic_int mm_blas_gemm = 0;
 static atomic_int mm_matvec_max_t = CPU_MATVEC_MAX_T;
+static int mm_vnni; /* the CPU has AVX512-VNNI: the avx512 level's Q8_0 GEMM uses it */
+static atomic_int mm_q8_float = 0;
 
 static const char *level_names[] = {"scalar", "avx2", "avx512"};
 
@@ -63,6 +69,7 @@ static void mm_init(void) {
         __builtin_cpu_supports("avx512vl"))
         best = CPU_SIMD_AVX512;
     mm_best = best;
+    mm_vnni = best == CPU_SIMD_AVX512 && __builtin_cpu_supports("avx512vnni");
     int lv = best;
     const char *env = getenv("STRATA_SIMD");
     if (env && *env) {
@@ -107,6 +114,16 @@ void cpu_matmul_set_matvec_max_t(int t) {
     atomic_store(&mm_matvec_max_t, t >= 1 ? t : 1);
 }
 
+void cpu_matmul_set_q8_float(int on) {
+    pthread_once(&mm_once, mm_init);
+    atomic_store(&mm_q8_float, on ? 1 : 0);
+}
+
+int cpu_matmul_vnni(void) {
+    pthread_once(&mm_once, mm_init);
+    return mm_vnni && atomic_load(&mm_level) == CPU_SIMD_AVX512;
+}
+
 void cpu_matmul_set_blas_gemm(int on) {
     pthread_once(&mm_once, mm_init);
     atomic_store(&mm_blas_gemm, on ? 1 : 0);
@@ -125,7 +142,10 @@ typedef struct {
     float *y;
     const float *x;
     const int8_t *xq; /* Q8_0 weights: x quantized (T*K values, T*K/32 scales) */
-    const float *xd;
+    float *xd;
+    int xbias;        /* Q8_0 GEMM on VNNI: xq is stored ^ 0x80 */
+    void (*gemm_q8)(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd, int64_t T,
+                    int64_t K, float *y, int64_t ldy, void *panel);
     const uint8_t *w;
     uint32_t wtype;
     int64_t T, K, N;
@@ -150,6 +170,30 @@ static void run_matvec_q8(void *p, int ith, int nth) {
     st_split_range((long)j->N, ith, nth, &lo, &hi);
     if (hi <= lo) return;
     j->kn->matvec_q8(j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->xq, j->xd, j->T, j->K, j->y + lo, j->N);
+}
+
+/* Q8_0 GEMM: rows split over the threads in multiples of CPU_Q8_ROWS (the
+ * VNNI panel), each thread with its own packed panel in scratch. */
+static void run_gemm_q8(void *p, int ith, int nth) {
+    mm_job *j = p;
+    long lo, hi;
+    st_split_range((long)((j->N + CPU_Q8_ROWS - 1) / CPU_Q8_ROWS), ith, nth, &lo, &hi);
+    lo *= CPU_Q8_ROWS;
+    hi = hi * CPU_Q8_ROWS < j->N ? hi * CPU_Q8_ROWS : j->N;
+    if (hi <= lo) return;
+    j->gemm_q8(j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->xq, j->xd, j->T, j->K, j->y + lo, j->N,
+               j->scratch + (size_t)ith * j->scratch_n);
+}
+
+/* Quantizes x to Q8_0 (j->xq, j->xd), blocks split over the threads. */
+static void run_quant(void *p, int ith, int nth) {
+    mm_job *j = p;
+    long lo, hi;
+    st_split_range((long)(j->T * j->K / QK8_0), ith, nth, &lo, &hi);
+    int8_t *q = (int8_t *)j->xq + lo * QK8_0;
+    j->kn->quantize_q8(j->x + lo * QK8_0, (hi - lo) * QK8_0, q, j->xd + lo);
+    if (j->xbias)
+        for (long i = 0; i < (hi - lo) * QK8_0; i++) q[i] = (int8_t)((uint8_t)q[i] ^ 0x80);
 }
 
 void cpu_quantize_q8(const float *x, int64_t n, int8_t *q, float *d) {
@@ -275,21 +319,35 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     int nth = st_pool_size(pool);
     mm_job j = {.kn = kn, .y = y, .x = x, .w = w, .wtype = wtype, .T = T, .K = K, .N = N, .rb = rb};
 
-    const int matvec = T < atomic_load(&mm_matvec_max_t);
-    if (matvec && wtype == GGML_TYPE_Q8_0) {
+    const int q8_float = wtype == GGML_TYPE_Q8_0 && atomic_load(&mm_q8_float);
+    const int matvec = T < atomic_load(&mm_matvec_max_t) && !q8_float; /* the float path is the GEMM's */
+    if (wtype == GGML_TYPE_Q8_0 && !q8_float) {
+        if (!matvec && kn->gemm_q8) {
+            const int vnni = lv == CPU_SIMD_AVX512 && mm_vnni;
+            j.gemm_q8 = vnni ? cpu_gemm_q8_vnni : kn->gemm_q8;
+            j.xbias = vnni;
+            j.scratch_n = CPU_Q8_PANEL_BYTES(K) / sizeof(float);
+            j.scratch = alloc64(j.scratch_n * (size_t)nth);
+            if (!j.scratch) return st_errf(err, "matmul: out of memory");
+        }
         int8_t *xq = malloc((size_t)(T * K));
         float *xd = malloc(sizeof(float) * (size_t)(T * K / QK8_0));
         if (!xq || !xd) {
             free(xq);
             free(xd);
+            free(j.scratch);
             return st_errf(err, "matmul: out of memory");
         }
-        cpu_quantize_q8(x, T * K, xq, xd);
         j.xq = xq;
         j.xd = xd;
-        st_pool_run(pool, run_matvec_q8, &j);
+        if (j.gemm_q8)
+            st_pool_run(pool, run_quant, &j);
+        else
+            run_quant(&j, 0, 1); /* decode: a few K values, not worth a pool wake-up */
+        st_pool_run(pool, j.gemm_q8 ? run_gemm_q8 : run_matvec_q8, &j);
         free(xq);
         free(xd);
+        free(j.scratch);
         return 0;
     }
 

@@ -34,9 +34,20 @@ int cpu_matmul_set_level(const char *level, st_err *err);
 int cpu_matmul_matvec_max_t(void);
 
 /* Sets that threshold for the whole process (tests and benchmarks, like
- * cpu_matmul_set_level). 1 sends every call to the GEMM, which is also the
- * dequantized-float path for Q8_0 weights. */
+ * cpu_matmul_set_level). 1 sends every call to the GEMM (for Q8_0 weights
+ * the integer GEMM, which gives the matvec's bits). */
 void cpu_matmul_set_matvec_max_t(int t);
+
+/* 1: Q8_0 weights are widened to f32 and multiplied by the unquantized
+ * activations through the float GEMM at every T (the dequantized-float
+ * reference of the tests; process-wide like cpu_matmul_set_level). 0 (the
+ * default): integer dot products against Q8_0-quantized activations. */
+void cpu_matmul_set_q8_float(int on);
+
+/* 1 when Q8_0 prefill uses the AVX512-VNNI kernel: the avx512 level on a
+ * CPU with AVX512-VNNI (a sub-feature of that level, not a level of its
+ * own: the results are the same bits either way). */
+int cpu_matmul_vnni(void);
 
 /* Quantizes n floats (a multiple of 32) to Q8_0 blocks as ggml's AVX2
  * quantize_row_q8_0 does: per block of 32, amax = max |x|, scale

@@ -337,4 +337,5 @@ static void micro16(int64_t kc, const float *A, int64_t lda, const float *B, int
         for (int v = 0; v < 2; v++) _mm256_store_ps(C + i * ldc + 8 * v, c[i][v]);
 }
 
-const cpu_kernels cpu_kernels_avx2 = {"avx2", av2_matvec, cpu_matvec_q8_avx2, av2_to_f32, micro16, 16};
+const cpu_kernels cpu_kernels_avx2 = {"avx2", av2_matvec, cpu_matvec_q8_avx2, av2_to_f32, micro16, 16,
+                                      cpu_gemm_q8_avx2, cpu_quantize_q8_avx2};

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/dtype.h"
+#include "compute/cpu/matmul.h"
 #include "compute/cpu/simd.h"
 
 /* The canonical tree over 16 lanes: [i] + [i+8], [i] + [i+4], [i] + [i+2], [0] + [1]. */
@@ -92,4 +93,4 @@ static void sc_micro(int64_t kc, const float *A, int64_t lda, const float *B, in
         }
 }
 
-const cpu_kernels cpu_kernels_scalar = {"scalar", sc_matvec, sc_matvec_q8, sc_to_f32, sc_micro, 16};
+const cpu_kernels cpu_kernels_scalar = {"scalar", sc_matvec, sc_matvec_q8, sc_to_f32, sc_micro, 16, NULL, cpu_quantize_q8};

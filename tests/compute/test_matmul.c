@@ -9,6 +9,7 @@
 
 #include "common/dtype.h"
 #include "compute/cpu/matmul.h"
+#include "compute/cpu/simd.h"
 #include "model/quantize.h"
 #include "tests/testutil.h"
 
@@ -58,8 +59,9 @@ static int n_levels; /* levels this CPU has: levels[0 .. n_levels) */
  * same bits as the scalar level's (simd.h's canonical order; not for
  * OpenBLAS, blas = 1), and every output must be near the f64 reference:
  * |y - ref| <= 3e-6 * sum_k |x w| + 1e-7 (f32 accumulation error bound).
- * For Q8_0 weights on the matvec path the reference uses the Q8_0-quantized
- * activations (cpu_quantize_q8), which is what the kernels multiply. */
+ * For Q8_0 weights the reference uses the Q8_0-quantized activations
+ * (cpu_quantize_q8), which is what the kernels multiply (matvec and integer
+ * GEMM alike). */
 static void check_case(st_pool *pool, uint32_t type, int64_t T, int64_t K, int64_t N, int blas) {
     size_t rb = ggml_row_bytes(type, K);
     REQUIRE(rb > 0);
@@ -68,7 +70,7 @@ static void check_case(st_pool *pool, uint32_t type, int64_t T, int64_t K, int64
     for (int64_t i = 0; i < T * K; i++) x[i] = frand();
     float *xr = malloc(sizeof(float) * (size_t)(T * K)); /* what the kernels multiply */
     memcpy(xr, x, sizeof(float) * (size_t)(T * K));
-    if (type == GGML_TYPE_Q8_0 && T < cpu_matmul_matvec_max_t() && !blas) {
+    if (type == GGML_TYPE_Q8_0) {
         int8_t *q = malloc((size_t)(T * K));
         float *d = malloc(sizeof(float) * (size_t)(T * K / 32));
         cpu_quantize_q8(x, T * K, q, d);
@@ -155,11 +157,100 @@ static void check_quantize_q8(void) {
     cpu_quantize_q8(x, 64, q, d);
     CHECK_EQ_INT(q[32], 127);
     CHECK_NEAR(d[1], st_fp16_to_f32(st_f32_to_fp16(0.1f / 127.0f)), 0);
+    /* The AVX2 quantizer (the avx2 and avx512 levels) gives the same bytes and
+     * scales on awkward blocks: NaN (ignored by amax, quantized to 0), inf,
+     * ties at every position, scales that are f16 subnormals, negative zero. */
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c")) return;
+    enum { NB = 8 };
+    float xs[NB * 32], ds[NB], dv[NB];
+    int8_t qs[NB * 32], qv[NB * 32];
+    for (int i = 0; i < NB * 32; i++) xs[i] = frand() * 3.0f;
+    xs[5] = NAN;
+    xs[32 + 7] = INFINITY;
+    for (int i = 64; i < 96; i++) xs[i] = (float)(i - 80) * 0.5f; /* amax 8: ties */
+    xs[66] = 127.0f / 16.0f * 0.5f;
+    for (int i = 96; i < 128; i++) xs[i] = frand() * 1e-6f; /* scale below f16's normal range */
+    for (int i = 128; i < 160; i++) xs[i] = -0.0f;
+    xs[160] = -NAN;
+    cpu_quantize_q8(xs, NB * 32, qs, ds);
+    cpu_quantize_q8_avx2(xs, NB * 32, qv, dv);
+    CHECK(memcmp(qs, qv, sizeof qs) == 0);
+    CHECK(memcmp(ds, dv, sizeof ds) == 0);
+    CHECK_EQ_INT(qs[5], 0);
+    CHECK_EQ_INT(qs[160], 0);
+}
+
+/* The Q8_0 integer GEMM gives the matvec's bits (simd.h's canonical Q8_0
+ * order) for T = 1..17 tokens (the register tiles of 4 and 8 tokens and
+ * their tails), K of 1..17 blocks (not multiples of the 8 accumulators) and
+ * N around the 8- and 16-row panels, at every level; and the
+ * dequantized-float path (cpu_matmul_set_q8_float) stays within the f32
+ * bound of the unquantized product. */
+static void check_q8_gemm(st_pool *pool) {
+    const int64_t kn[][2] = {{32, 1}, {96, 17}, {160, 9}, {288, 33}, {544, 23}, {256, 16}};
+    st_err err = {{0}};
+    const int max_t = cpu_matmul_matvec_max_t();
+    int bad = 0, n = 0;
+    for (int s = 0; s < 6; s++) {
+        const int64_t K = kn[s][0], N = kn[s][1];
+        uint8_t *w = make_weights(GGML_TYPE_Q8_0, K, N);
+        for (int64_t T = 1; T <= 17; T++) {
+            float *x = malloc(sizeof(float) * (size_t)(T * K));
+            for (int64_t i = 0; i < T * K; i++) x[i] = frand() * (i % 7 == 0 ? 40.0f : 1.0f);
+            float *ym = malloc(sizeof(float) * (size_t)(T * N)), *yg = malloc(sizeof(float) * (size_t)(T * N));
+            for (int li = 0; li < n_levels; li++) {
+                REQUIRE(cpu_matmul_set_level(levels[li], &err) == 0);
+                cpu_matmul_set_matvec_max_t(1000);
+                REQUIRE(cpu_matmul(pool, ym, x, w, GGML_TYPE_Q8_0, T, K, N, &err) == 0);
+                cpu_matmul_set_matvec_max_t(1);
+                for (int64_t i = 0; i < T * N; i++) yg[i] = -1.0f;
+                REQUIRE(cpu_matmul(pool, yg, x, w, GGML_TYPE_Q8_0, T, K, N, &err) == 0);
+                if (memcmp(ym, yg, sizeof(float) * (size_t)(T * N)) != 0) {
+                    int64_t i = 0;
+                    while (ym[i] == yg[i]) i++;
+                    fprintf(stderr, "q8_0 GEMM != matvec: level %s T=%lld K=%lld N=%lld y[%lld] = %.9g vs %.9g\n",
+                            levels[li], (long long)T, (long long)K, (long long)N, (long long)i, yg[i], ym[i]);
+                    bad++;
+                }
+                n++;
+            }
+            free(x);
+            free(ym);
+            free(yg);
+        }
+        free(w);
+    }
+    cpu_matmul_set_matvec_max_t(max_t);
+    REQUIRE(cpu_matmul_set_level(levels[n_levels - 1], &err) == 0);
+    fprintf(stderr, "q8_0 integer GEMM vs matvec: %d cases, %d differ\n", n, bad);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(n, 6 * 17 * n_levels);
+    /* The dequantized-float reference: unquantized activations, so within
+     * 3e-6 sum |x w| of the f64 product, where the integer path is not. */
+    const int64_t T = 3, K = 96, N = 5; /* T < the matvec threshold: the float path is the GEMM's anyway */
+    uint8_t *w = make_weights(GGML_TYPE_Q8_0, K, N);
+    float x[3 * 96], y[3 * 5], deq[96];
+    for (int64_t i = 0; i < T * K; i++) x[i] = frand();
+    cpu_matmul_set_q8_float(1);
+    REQUIRE(cpu_matmul(pool, y, x, w, GGML_TYPE_Q8_0, T, K, N, &err) == 0);
+    cpu_matmul_set_q8_float(0);
+    double worst = 0;
+    for (int64_t r = 0; r < N; r++) {
+        REQUIRE(st_dequant_row(GGML_TYPE_Q8_0, w + (size_t)r * ggml_row_bytes(GGML_TYPE_Q8_0, K), deq, K) == 0);
+        for (int64_t t = 0; t < T; t++) {
+            double s = 0, a = 0;
+            for (int64_t k = 0; k < K; k++) s += (double)x[t * K + k] * deq[k], a += fabs((double)x[t * K + k] * deq[k]);
+            double e = fabs(y[t * N + r] - s) / (3e-6 * a + 1e-7);
+            if (e > worst) worst = e;
+        }
+    }
+    CHECK(worst <= 1.0);
+    free(w);
 }
 
 int main(void) {
     const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
-    const int64_t Ts[] = {1, 2, 3, 7, 64, 70};
+    const int64_t Ts[] = {1, 2, 3, 7, 17, 64, 70};
     /* (K, N): dense types get K that are not multiples of 16 or 64. */
     const int64_t dense_kn[][2] = {{5, 3}, {37, 17}, {300, 201}, {64, 1}, {48, 5}, {24, 4}};
     const int64_t quant_kn[][2] = {{32, 5}, {96, 17}, {320, 201}, {544, 3}};
@@ -171,6 +262,12 @@ int main(void) {
     fprintf(stderr, "levels compared bit for bit: %d (scalar .. %s)\n", n_levels, levels[n_levels - 1]);
     CHECK_EQ_STR(levels[n_levels - 1], best);
     check_quantize_q8();
+    {
+        st_pool *pool = st_pool_new(2, &err);
+        REQUIRE(pool);
+        check_q8_gemm(pool);
+        st_pool_free(pool);
+    }
 
     for (int np = 1; np <= 3; np++) {
         st_pool *pool = st_pool_new(np, &err);
@@ -182,7 +279,7 @@ int main(void) {
             for (int s = 0; s < nkn; s++) {
                 int64_t K = dense ? dense_kn[s][0] : quant_kn[s][0];
                 int64_t N = dense ? dense_kn[s][1] : quant_kn[s][1];
-                for (int i = 0; i < 6; i++) {
+                for (int i = 0; i < 7; i++) {
                     /* The biggest shape only on the 2-thread pool (time under ASan). */
                     if (K * N > 20000 && np != 2 && Ts[i] > 3) continue;
                     check_case(pool, type, Ts[i], K, N, 0);

@@ -1,13 +1,15 @@
 /* test_engine_q8.c — Q8_0 the way llama.cpp does it, on real weights:
  * stories260K quantized by quantize_file (strata-gguf quantize ... q8_0).
  *
- * The CPU backend multiplies Q8_0 weights on the matvec path (decode, small
- * batches) by integer dot products against activations quantized to Q8_0
- * (cpu_quantize_q8). Its reference is the dequantized-float path: the same
- * weights widened to f32 and multiplied by the unquantized activations (the
- * GEMM, forced for every T with cpu_matmul_set_matvec_max_t(1)).
+ * The CPU backend multiplies Q8_0 weights by integer dot products against
+ * activations quantized to Q8_0 (cpu_quantize_q8), on the matvec path
+ * (decode, small batches) and the integer GEMM (prefill) alike. Its
+ * reference is the dequantized-float path: the same weights widened to f32
+ * and multiplied by the unquantized activations (the float GEMM, forced for
+ * every T with cpu_matmul_set_q8_float(1)).
  *
- * 1. Every Q8_0 matrix of the file, random activations, T = 1 and 3: each
+ * 1. Every Q8_0 matrix of the file, random activations, T = 1, 3 (matvec)
+ *    and 20 (the integer GEMM): each
  *    output within the documented bound of the f64 dequantized-float
  *    product: |y - ref| <= sum_k |w_k| e_k + 3e-6 sum_k |w_k x_k| + 1e-6,
  *    where e_k = d/2 + 127 |d - D| + 1e-6 bounds the activation's
@@ -67,7 +69,9 @@ static void check_matrices(const char *path) {
         const int64_t K = t->ne[0], N = t->ne[1];
         float *w = malloc(sizeof(float) * (size_t)(K * N));
         REQUIRE(w && gguf_tensor_rows_f32(t, 0, N, w, &err) == 0);
-        for (int64_t T = 1; T <= 3; T += 2) {
+        const int64_t Ts[] = {1, 3, 20}; /* 20: the integer GEMM */
+        for (int ti = 0; ti < 3; ti++) {
+            const int64_t T = Ts[ti];
             float *x = malloc(sizeof(float) * (size_t)(T * K)), *y = malloc(sizeof(float) * (size_t)(T * N));
             float *e = malloc(sizeof(float) * (size_t)(T * K));
             for (int64_t k = 0; k < T * K; k++) x[k] = frand() * (k % 7 == 0 ? 4.0f : 1.0f);
@@ -135,13 +139,12 @@ int main(void) {
     gen_params p = {.model_path = path, .tp = 1, .n_threads = 2, .n_ctx = 512, .max_seqs = 1};
     gen_engine *g = gen_open(&p, &err);
     REQUIRE_MSG(g, "%s", err.msg);
-    const int default_max_t = cpu_matmul_matvec_max_t();
     int same = 0, same_tokens = 0;
     double worst_lp = 0;
     for (int i = 0; i < n; i++) {
-        cpu_matmul_set_matvec_max_t(default_max_t);
+        cpu_matmul_set_q8_float(0);
         gen_result *a = generate(g, cs, i); /* integer Q8_0 x Q8_0 */
-        cpu_matmul_set_matvec_max_t(1);
+        cpu_matmul_set_q8_float(1);
         gen_result *b = generate(g, cs, i); /* dequantized float */
         REQUIRE(a->n_tokens > 0 && b->n_tokens > 0 && a->top_k == 3 && b->top_k == 3);
         CHECK_MSG(a->top_ids[0] == b->top_ids[0], "prompt %d step 0: top token %d vs %d", i, a->top_ids[0],
@@ -163,7 +166,7 @@ int main(void) {
         free(a);
         free(b);
     }
-    cpu_matmul_set_matvec_max_t(default_max_t);
+    cpu_matmul_set_q8_float(0);
     fprintf(stderr, "integer vs dequantized-float path: %d of 10 completions identical, %d of 640 tokens "
                     "before the first difference; step-0 top-3 logprobs differ by at most %.2e\n",
             same, same_tokens, worst_lp);
