@@ -43,7 +43,7 @@ typedef struct rank_ctx {
     int64_t cap, cap_s;
     bool grown_logged; /* a batch outgrew the load-time workspace (logged once) */
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u, *xs, *logits;
-    float *h_logits;         /* host copy [cap_s, n_vocab_local] */
+    float *h_logits;         /* host copy [cap_s, n_vocab_local]; pinned on a device backend (logits_host_alloc) */
     unsigned char *blob_send, *blob_recv; /* all-gather buffers (host) */
     size_t blob_cap_send, blob_cap_recv;
     unsigned char *d_blob; /* backend "cuda": device all-gather buffer (send, then recv) */
@@ -301,6 +301,22 @@ static size_t plan_bytes(stage *s, const shard_plan *pl) {
 
 /* ------------------------------------------------------- activation buffers */
 
+/* The host copy of the logits: pinned memory from the module when it has an
+ * allocator (a device backend: the per-step download is then a DMA, not a
+ * driver bounce through pageable memory), else malloc. */
+static float *logits_host_alloc(const stage *s, size_t bytes) {
+    if (s->bm->host_alloc) return s->bm->host_alloc(bytes, NULL);
+    return malloc(bytes);
+}
+
+static void logits_host_free(const stage *s, float *p) {
+    if (!p) return;
+    if (s->bm->host_free)
+        s->bm->host_free(p);
+    else
+        free(p);
+}
+
 static void rank_free_acts(rank_ctx *rc) {
     backend *be = rc->be;
     float **bufs[] = {&rc->x, &rc->xn, &rc->q, &rc->k, &rc->v, &rc->att, &rc->o, &rc->g, &rc->u};
@@ -345,10 +361,10 @@ static int rank_prepare(rank_ctx *rc, int64_t T, int64_t S, st_err *err) {
         int64_t cap = S < 8 ? 8 : S;
         be->ops->release(be, rc->xs);
         be->ops->release(be, rc->logits);
-        free(rc->h_logits);
+        logits_host_free(s, rc->h_logits);
         rc->xs = be->ops->alloc(be, (size_t)cap * c->n_embd * sizeof(float), err);
         rc->logits = be->ops->alloc(be, (size_t)cap * pl->n_vocab_local * sizeof(float), err);
-        rc->h_logits = malloc((size_t)cap * pl->n_vocab_local * sizeof(float));
+        rc->h_logits = logits_host_alloc(s, (size_t)cap * pl->n_vocab_local * sizeof(float));
         rc->cap_s = cap;
         if (!rc->xs || !rc->logits || !rc->h_logits) {
             rc->cap_s = 0;
@@ -626,7 +642,7 @@ static void rank_release(rank_ctx *rc) {
     rank_free_acts(rc);
     o->release(be, rc->xs);
     o->release(be, rc->logits);
-    free(rc->h_logits);
+    logits_host_free(rc->s, rc->h_logits);
     free(rc->blob_send);
     free(rc->blob_recv);
     o->release(be, rc->d_blob);
