@@ -563,7 +563,7 @@ static void *rank_main(void *arg) {
                 if (rc->rc == 0 && s->cuda) {
                     const int64_t T0 = s->p.max_batch_tokens > 0 ? s->p.max_batch_tokens : 512;
                     const int64_t S0 = s->last == s->cfg.n_layer ? (T0 < 256 ? T0 : 256) : 0;
-                    rc->rc = rank_prepare(rc, T0, S0, &rc->err); /* s->cur.max_cands = 1 (stage_open) */
+                    rc->rc = rank_prepare(rc, T0, S0, &rc->err); /* s->cur.max_cands: stage_open */
                 }
             }
         } else if (phase == 1) {
@@ -792,7 +792,9 @@ stage *stage_open(const stage_params *pin, st_err *err) {
     ST_INFO("stage [%d,%d) of %d layers, tp %d, %d threads: loading %s (%.1f MiB)", s->first,
             s->last, s->cfg.n_layer, s->tp, n_threads, s->p.model_path,
             (double)s->load_total / 1048576.0);
-    s->cur.max_cands = 1; /* the sampling blobs of the load-time workspace (rank_prepare) */
+    /* The sampling blobs of the load-time workspace (rank_prepare): room for
+     * the candidates of any sampling without top_k (top_k above it grows them). */
+    s->cur.max_cands = SAMPLER_TP_CANDS;
     if (run_phase(s, 0, err)) goto fail;
     /* The ranks hold their copies now; drop what is left of the mapping from RSS. */
     for (int64_t i = 0; i < gguf_n_tensors(s->f); i++) {

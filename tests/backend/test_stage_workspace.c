@@ -5,8 +5,9 @@
  *  - after stage_open, buf_bytes = the KV cache + the workspace for
  *    max_batch_tokens = 32 tokens and 32 sampled rows, to the byte (the CPU
  *    backend's stage, which allocates lazily, holds only the KV cache);
- *  - forwards of 32 tokens and of 1 token change nothing, and their tokens are
- *    the CPU stage's;
+ *  - forwards of 32 tokens and of 1 token, greedy, and a seeded sampled one
+ *    without top_k (the most candidates per rank) change nothing, and their
+ *    tokens are the CPU stage's;
  *  - a batch of 33 tokens grows the workspace (an allocation inside a
  *    forward, logged once) and still gives the CPU stage's tokens.
  */
@@ -34,18 +35,26 @@ static size_t buf_bytes(const stage *s) {
     return st.buf_bytes;
 }
 
-/* One sequence of n tokens from position 0 (a fresh prefill): its sampled id. */
-static int32_t forward(stage *s, int n, st_err *err) {
+/* One sequence of n tokens from position 0 (a fresh prefill): its sampled id
+ * (greedy, or seeded sampling with temperature when sample). */
+static int32_t forward_with(stage *s, int n, bool sample, st_err *err) {
     static const int32_t blocks[KV_BLOCKS] = {0, 1, 2, 3, 4, 5, 6, 7};
     int32_t toks[64];
     for (int i = 0; i < n; i++) toks[i] = 1 + (i * 37) % 500;
     stage_seq sq = {.seq_id = 1, .pos = 0, .n_tokens = n, .block_table = blocks, .n_blocks = KV_BLOCKS,
-                    .want_logits = true, .sampling = sampler_greedy_params()};
+                    .want_logits = true, .sampling = sample ? sampler_default_params() : sampler_greedy_params()};
+    if (sample) {
+        sq.sampling.temperature = 0.8f;
+        sq.sampling.top_k = 0; /* the most candidates a rank sends without top_k */
+        sq.sampling.seed = 42;
+    }
     stage_batch b = {.n_seqs = 1, .seqs = &sq, .n_tokens = n, .tokens = toks};
     stage_sample_out out;
     if (stage_forward(s, &b, NULL, NULL, &out, err)) return -1;
     return out.id;
 }
+
+static int32_t forward(stage *s, int n, st_err *err) { return forward_with(s, n, false, err); }
 
 int main(void) {
     st_err err;
@@ -63,10 +72,11 @@ int main(void) {
                  KV = (size_t)c->n_head_kv * (size_t)c->head_dim, F = (size_t)c->n_ff, V = (size_t)c->n_vocab;
     const size_t kv_cache = (size_t)c->n_layer * 2 * (size_t)KV_BLOCKS * BLOCK * KV * sizeof(float);
     /* rank_prepare: x, xn, o [T, E]; q, att [T, Q]; k, v [T, KV]; g, u [T, F];
-     * xs [S, E] and logits [S, V]; the sampling blobs' device copy (send + recv, TP 1). */
+     * xs [S, E] and logits [S, V]; the sampling blobs' device copy (send + recv,
+     * TP 1), with room for SAMPLER_TP_CANDS candidates. */
     const size_t acts = (size_t)MAXT * (3 * E + 2 * Q + 2 * KV + 2 * F) * sizeof(float);
     const size_t logits = (size_t)MAXT * (E + V) * sizeof(float);
-    const size_t blobs = 2 * sampler_tp_blob_bytes(1) * MAXT;
+    const size_t blobs = 2 * sampler_tp_blob_bytes(SAMPLER_TP_CANDS) * MAXT;
     CHECK_EQ_INT(buf_bytes(cpu), kv_cache);
     CHECK_MSG(buf_bytes(dev) == kv_cache + acts + logits + blobs,
               "device stage after open holds %zu bytes, want %zu (KV) + %zu + %zu + %zu", buf_bytes(dev), kv_cache,
@@ -78,6 +88,9 @@ int main(void) {
     REQUIRE_MSG(a >= 0, "%s", err.msg);
     CHECK_EQ_INT(a, forward(cpu, MAXT, &err));
     CHECK_EQ_INT(forward(dev, 1, &err), forward(cpu, 1, &err));
+    int32_t sd = forward_with(dev, 4, true, &err);
+    REQUIRE_MSG(sd >= 0, "%s", err.msg);
+    CHECK_EQ_INT(sd, forward_with(cpu, 4, true, &err)); /* seeded: the same draw */
     CHECK_EQ_INT(buf_bytes(dev), at_open);
 
     /* One token more: the workspace grows (logged), the result is still right. */
