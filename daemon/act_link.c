@@ -9,14 +9,10 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "compute/registry.h"
+#include "daemon/act_p2p.h"
 #include "daemon/assignment.h"
 #include "ib/act_transport.h"
-
-/* Whether this build carries activations between the device and the
- * transport without a host copy (device buffers to UCX as CUDA memory, or
- * NCCL send/recv). Not yet: every hand-off is host-staged (ucx-pinned on a
- * GPU stage), so a side never claims ucx_cuda or nccl on its own. */
-#define ACT_DEVICE_HANDOFF 0
 
 static void hex(const uint8_t *b, size_t n, char *out)
 {
@@ -59,22 +55,119 @@ void act_link_init(worker *w)
     w->ucx_cuda = xport_memory_cuda(w->x);
     const char *hook = getenv("STRATA_TEST_ACT_TRANSPORT");
     w->act_test_nccl = hook && !strcmp(hook, "nccl");
-    ST_INFO("worker: activations: --activation-transport %s; UCX CUDA memory %s; device hand-off to UCX/NCCL %s%s",
-            act_override_name((enum act_override)w->act_override), w->ucx_cuda ? "yes" : "no (host-staged)",
-            ACT_DEVICE_HANDOFF ? "built" : "not built (GPU stages stage through pinned host buffers)",
+    ST_INFO("worker: activations: --activation-transport %s; UCX CUDA memory %s (device buffers to UCX: not built, "
+            "GPU stages stage through pinned host buffers); NCCL between GPU stages when the CUDA module has it%s",
+            act_override_name((enum act_override)w->act_override), w->ucx_cuda ? "yes" : "no",
             w->act_test_nccl ? "; test hook STRATA_TEST_ACT_TRANSPORT=nccl: this side claims a GPU with NCCL" : "");
 }
 
 static bool stage_gpu(const wstage *st) { return !strcmp(st->cur.backend, "cuda"); }
 
-/* What this worker's side of a boundary is and can do. */
+/* The CUDA module's NCCL point-to-point, when this stage runs on it. */
+static const backend_p2p_ops *stage_p2p(const wstage *st)
+{
+    if (!stage_gpu(st)) return NULL;
+    st_err err;
+    const backend_module *m = backend_registry_get("cuda", &err);
+    return m && m->p2p && m->p2p->id_bytes == ACT_NCCL_ID_BYTES ? m->p2p : NULL;
+}
+
+/* The PCI bus id of the stage's first GPU ("" when none). */
+static void stage_gpu_bus(const wstage *st, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (!stage_gpu(st)) return;
+    st_err err;
+    const backend_module *m = backend_registry_get("cuda", &err);
+    backend_device_info di;
+    if (m && m->device_info(st->cur.n_devices ? st->cur.devices[0] : 0, &di, &err) == 0)
+        snprintf(out, cap, "%s", di.pci_bus_id);
+}
+
+/* What this worker's side of a boundary is and can do. UCX CUDA memory is
+ * not claimed: the worker does not hand device buffers to UCX yet. */
 static act_side own_side(const wstage *st)
 {
     const worker *w = st->front;
-    act_side s = {.gpu = stage_gpu(st), .nccl = ACT_DEVICE_HANDOFF && stage_gpu(st),
-                  .ucx_cuda = ACT_DEVICE_HANDOFF && stage_gpu(st) && w->ucx_cuda};
+    act_side s = {.gpu = stage_gpu(st), .nccl = stage_p2p(st) != NULL, .ucx_cuda = false};
     if (w->act_test_nccl) s.gpu = s.nccl = true;
     return s;
+}
+
+/* Hands a link to the compute thread to close (after the jobs queued before). */
+static void link_close(wstage *st, struct act_p2p **lp)
+{
+    act_p2p *p = *lp;
+    *lp = NULL;
+    if (!p) return;
+    cjob *j = calloc(1, sizeof *j);
+    if (!j) return; /* leaks the link rather than closing it under a running transfer */
+    j->kind = CJOB_P2P_CLOSE;
+    j->p2p = p;
+    compute_submit(st->cq, j);
+}
+
+/* A new link whose join runs on the compute thread; NULL + why. */
+static act_p2p *link_open(wstage *st, const backend_p2p_ops *ops, const uint8_t *id, int rank, char *why, size_t cap)
+{
+    act_p2p *p = act_p2p_new(ops, id, rank, rank == 0 ? st->cur.stage : st->cur.stage - 1);
+    cjob *j = p ? calloc(1, sizeof *j) : NULL;
+    if (!j) {
+        free(p);
+        snprintf(why, cap, "out of memory");
+        return NULL;
+    }
+    j->kind = CJOB_P2P_OPEN;
+    j->p2p = p; /* not owned: the link may be closed (and freed) before this job comes back */
+    j->dev_gen = p->serial;
+    compute_submit(st->cq, j);
+    return p;
+}
+
+void act_link_reset(wstage *st)
+{
+    link_close(st, &st->p2p_in);
+    link_close(st, &st->p2p_out);
+    st->act_in = st->act_out = -1;
+    st->has_act_id = false;
+}
+
+void act_link_next_lost(wstage *st)
+{
+    if (!st->shutting_down && st->cq) link_close(st, &st->p2p_out);
+    st->act_out = -1;
+    st->has_act_id = false;
+}
+
+void act_link_free(wstage *st)
+{
+    /* the compute thread is gone: close here */
+    act_p2p *ls[2] = {st->p2p_in, st->p2p_out};
+    st->p2p_in = st->p2p_out = NULL;
+    for (int i = 0; i < 2; i++) {
+        if (!ls[i]) continue;
+        cjob j = {.kind = CJOB_P2P_CLOSE, .p2p = ls[i]};
+        act_p2p_discard(&j);
+    }
+}
+
+void act_link_job_done(wstage *st, cjob *j)
+{
+    if (j->kind == CJOB_P2P_OPEN) {
+        /* only a link the stage still holds is looked at (a closed one is freed) */
+        act_p2p *p = j->p2p == st->p2p_in ? st->p2p_in : j->p2p == st->p2p_out ? st->p2p_out : NULL;
+        const bool current = p && p->serial == j->dev_gen;
+        const unsigned k = current ? p->boundary : 0;
+        if (current && j->status == 0) {
+            p->ready = true;
+            ST_INFO("worker: boundary %u->%u: nccl communicator up (rank %d)", k, k + 1, p->rank);
+        } else if (current) {
+            p->broken = true;
+            ST_WARN("worker: boundary %u->%u: nccl communicator failed: %s; the activations stay on UCX", k, k + 1,
+                    j->err.msg);
+        }
+    }
+    free(j);
 }
 
 static void send_ctl(wstage *st, xport_peer *peer, ctl_msg *m) { stage_send_control(st, peer, m, st->cur.epoch, 0); }
@@ -83,8 +176,12 @@ void act_link_offer(wstage *st)
 {
     worker *w = st->front;
     act_side me = own_side(st);
+    link_close(st, &st->p2p_out); /* a new connection: a new communicator */
     st->act_out = -1; /* UCX until the answer */
-    uint8_t id[ACT_NCCL_ID_BYTES];
+    st->has_act_id = false;
+    uint8_t *id = st->act_id;
+    char bus[32];
+    stage_gpu_bus(st, bus, sizeof bus);
     Strata__V1__ActivationOffer o = STRATA__V1__ACTIVATION_OFFER__INIT;
     o.epoch = st->cur.epoch;
     o.boundary = st->cur.stage;
@@ -93,21 +190,27 @@ void act_link_offer(wstage *st)
     o.nccl = me.nccl;
     o.ucx_cuda = me.ucx_cuda;
     o.override = (char *)act_override_name((enum act_override)w->act_override);
+    o.gpu = bus;
     if (me.nccl && w->act_override != ACT_OVERRIDE_UCX) {
-        /* The NCCL unique id of this boundary's communicator (rank 0 = us).
-         * Only the test hook gets here in this build: random bytes stand in
-         * for ncclGetUniqueId. */
-        if (getrandom(id, sizeof id, 0) != (ssize_t)sizeof id) {
-            ST_WARN("worker: boundary %u->%u: no random bytes for the NCCL id; offering UCX only", st->cur.stage,
-                    st->cur.stage + 1);
+        /* The NCCL unique id of this boundary's communicator (rank 0 = us),
+         * from the module; under the test hook on a CPU stage random bytes
+         * stand in for it. */
+        const backend_p2p_ops *p2p = stage_p2p(st);
+        st_err err = {{0}};
+        int rc = p2p ? p2p->unique_id(id, &err)
+                     : (getrandom(id, ACT_NCCL_ID_BYTES, 0) == ACT_NCCL_ID_BYTES ? 0 : st_errf(&err, "no random bytes"));
+        if (rc) {
+            ST_WARN("worker: boundary %u->%u: no NCCL id (%s); offering UCX only", st->cur.stage, st->cur.stage + 1,
+                    err.msg);
             o.nccl = false;
         } else {
+            st->has_act_id = true;
             o.nccl_id.data = id;
-            o.nccl_id.len = sizeof id;
+            o.nccl_id.len = ACT_NCCL_ID_BYTES;
             char h[2 * ACT_NCCL_ID_BYTES + 3];
-            id_text(w, id, sizeof id, h);
-            ST_INFO("worker: boundary %u->%u: nccl id sent to %s (%zu bytes)%s", st->cur.stage, st->cur.stage + 1,
-                    xport_peer_name(st->next), sizeof id, h);
+            id_text(w, id, ACT_NCCL_ID_BYTES, h);
+            ST_INFO("worker: boundary %u->%u: nccl id sent to %s (%d bytes)%s", st->cur.stage, st->cur.stage + 1,
+                    xport_peer_name(st->next), ACT_NCCL_ID_BYTES, h);
         }
     }
     ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
@@ -245,8 +348,6 @@ void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__Activation
         id_text(w, o->nccl_id.data, o->nccl_id.len, h);
         ST_INFO("worker: boundary %u->%u: nccl id received from %s (%zu bytes)%s", k, k + 1, xport_peer_name(peer),
                 o->nccl_id.len, h);
-        memcpy(st->nccl_id_in, o->nccl_id.data, ACT_NCCL_ID_BYTES);
-        st->has_nccl_id_in = true;
     }
     /* The boundary's override: the sender's, unless it is auto. */
     enum act_override mine = (enum act_override)w->act_override;
@@ -261,22 +362,32 @@ void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__Activation
                       .recv = own_side(st),
                       .same_node = o->node_id && !strcmp(o->node_id, w->machine_id),
                       .override = ovr};
+    char bus[32];
+    stage_gpu_bus(st, bus, sizeof bus);
+    b.same_gpu = b.same_node && bus[0] && o->gpu && !strcmp(o->gpu, bus);
     act_choice c = act_transport_choose(&b);
     ST_INFO("worker: boundary %u->%u: %s (%s)", k, k + 1, act_xport_name(c.xport), c.reason);
     if (c.override_refused) ST_WARN("worker: boundary %u->%u: %s", k, k + 1, c.reason);
-    /* Set it up. The device hand-offs are not carried by this build's data
-     * path: fall back to the host-staged transport and say why. */
+    /* Set it up: NCCL joins the communicator on the compute thread (after
+     * the load, when one is running). Device buffers to UCX are not carried
+     * by this build: fall back to the host-staged transport and say why. */
+    link_close(st, &st->p2p_in); /* a new offer: the old communicator goes */
     enum act_xport got = c.xport;
     char reason[sizeof c.reason + 200];
     snprintf(reason, sizeof reason, "%s", c.reason);
-    if (c.xport == ACT_XPORT_NCCL || c.xport == ACT_XPORT_UCX_CUDA) {
+    const backend_p2p_ops *p2p = stage_p2p(st);
+    char cause[160] = "";
+    if (c.xport == ACT_XPORT_NCCL && !stage_gpu(st))
+        snprintf(cause, sizeof cause, "stage %u runs on the cpu backend", st->cur.stage);
+    else if (c.xport == ACT_XPORT_NCCL && (!p2p || strcmp(be, "cuda")))
+        snprintf(cause, sizeof cause, "%s", !p2p ? "the CUDA module has no NCCL point-to-point" : "the sender is not on a GPU");
+    else if (c.xport == ACT_XPORT_NCCL && !(st->p2p_in = link_open(st, p2p, o->nccl_id.data, 1, cause, sizeof cause)))
+        ; /* cause set */
+    else if (c.xport == ACT_XPORT_UCX_CUDA)
+        snprintf(cause, sizeof cause, "this build hands UCX host-staged buffers only");
+    if (cause[0]) {
         const bool here_gpu = stage_gpu(st), there_gpu = !strcmp(be, "cuda");
         got = here_gpu || there_gpu ? ACT_XPORT_UCX_PINNED : ACT_XPORT_UCX;
-        char cause[160];
-        if (!here_gpu)
-            snprintf(cause, sizeof cause, "stage %u runs on the cpu backend", st->cur.stage);
-        else
-            snprintf(cause, sizeof cause, "this build carries activations host-staged only");
         ST_WARN("worker: boundary %u->%u: %s cannot start: %s; falling back to %s", k, k + 1, act_xport_name(c.xport),
                 cause, act_xport_name(got));
         snprintf(reason, sizeof reason, "%s chosen (%s) but %s; falling back", act_xport_name(c.xport), c.reason,
@@ -304,8 +415,21 @@ void act_link_on_answer(worker *w, xport_peer *peer, const Strata__V1__Activatio
         return;
     }
     enum act_xport x;
+    const backend_p2p_ops *p2p = stage_p2p(st);
+    if (!act_xport_parse(a->transport, &x) && x == ACT_XPORT_NCCL && p2p && st->has_act_id) {
+        char why[160] = "";
+        link_close(st, &st->p2p_out);
+        if ((st->p2p_out = link_open(st, p2p, st->act_id, 0, why, sizeof why))) {
+            st->act_out = (int)x;
+            ST_INFO("worker: boundary %u->%u: nccl (%s); joining the communicator as rank 0", k, k + 1,
+                    a->reason ? a->reason : "");
+        } else {
+            ST_WARN("worker: boundary %u->%u: nccl cannot start here: %s; the activations stay on UCX", k, k + 1, why);
+        }
+        return;
+    }
     if (act_xport_parse(a->transport, &x) || x == ACT_XPORT_NCCL || x == ACT_XPORT_UCX_CUDA) {
-        /* A device hand-off this build does not carry: stay host-staged. */
+        /* A device hand-off this worker cannot carry: stay host-staged. */
         w->dropped_frames++;
         ST_WARN("worker: boundary %u->%u: stage %u answered transport '%.32s', which this worker cannot carry; "
                 "the activations stay on UCX",

@@ -16,12 +16,14 @@
  * coordinator needs to know nothing of NCCL. Both sides log
  * "boundary K->K+1: TRANSPORT (REASON)".
  *
- * What runs in this build: ucx (CPU stages) and ucx-pinned (a GPU stage
- * stages its rows through pinned, UCX-registered host buffers; datapath.c).
- * The device hand-offs (ucx-cuda, nccl) are negotiated but not yet carried
- * by the data path: a side reports nccl = ucx_cuda = false, and a receiver
- * that is offered them anyway (test hook) falls back to ucx / ucx-pinned and
- * says why. docs/cuda-backend.md, "Activations between stages".
+ * What runs: ucx (CPU stages), ucx-pinned (a GPU stage stages its rows
+ * through pinned, UCX-registered host buffers; datapath.c) and nccl (the
+ * CUDA module's point-to-point between GPU stages, daemon/act_p2p.h; a side
+ * offers it when its stage runs on "cuda" and the module has it; not when
+ * both stages share one GPU). Device buffers to UCX (ucx-cuda) are not
+ * built: a side never claims it, and a receiver offered it falls back to
+ * ucx-pinned and says why. docs/cuda-backend.md, "Activations between
+ * stages".
  *
  * Test hook: STRATA_TEST_ACT_TRANSPORT=nccl makes this worker's side claim a
  * GPU stage with NCCL, so the exchange runs on a CPU machine: the sender
@@ -48,6 +50,16 @@ void act_link_offer(wstage *st);
  * ACT_PENDING_MAX, the oldest dropped) and answered by act_link_assigned. */
 void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o);
 void act_link_on_answer(worker *w, xport_peer *peer, const Strata__V1__ActivationAnswer *a);
+/* st's boundaries are gone (a new assignment, the next hop dropped): their
+ * NCCL links are closed on the compute thread, after the jobs queued. */
+void act_link_reset(wstage *st);
+/* The next hop is gone: its NCCL link closes (a reconnection offers anew). */
+void act_link_next_lost(wstage *st);
+/* After compute_stop (stage_free): closes the links here. */
+void act_link_free(wstage *st);
+/* A CJOB_P2P_OPEN / SEND (not datapath's) / CLOSE job came back: records an
+ * OPEN's outcome on the link (ready, or broken and logged); frees the job. */
+void act_link_job_done(wstage *st, cjob *j);
 /* st took a StageAssign: answers the offers kept for its epoch. */
 void act_link_assigned(wstage *st);
 /* peer is gone: forgets its kept offers. At worker_destroy: peer NULL, all. */

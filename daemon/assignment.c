@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/act_link.h"
+#include "daemon/act_p2p.h"
 #include "daemon/datapath.h"
 #include "daemon/model_path.h"
 #include "ib/assign_token.h"
@@ -392,6 +393,7 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
         atomic_store(&w->loading->cancel, true);
     }
     drop_next(w);
+    act_link_reset(w); /* the old stage's NCCL links close before the new stage opens */
     assign_clear(&w->cur);
     w->cur = na;
     w->coord = peer;
@@ -476,8 +478,12 @@ static void on_compute(evutil_socket_t fd, short what, void *arg)
         list = cj->next;
         if (cj->kind == CJOB_OPEN)
             open_done(w, cj->user);
-        else
+        else if (cj->kind == CJOB_FORWARD)
             datapath_forward_finished(w, cj);
+        else if (cj->kind == CJOB_P2P_SEND)
+            datapath_p2p_sent(w, cj);
+        else
+            act_link_job_done(w, cj);
     }
 }
 
@@ -527,8 +533,11 @@ void stage_stop(wstage *st)
         list = cj->next;
         if (cj->kind == CJOB_OPEN) {
             open_job_free(cj->user);
+        } else if (cj->kind == CJOB_P2P_OPEN || cj->kind == CJOB_P2P_CLOSE) {
+            act_p2p_discard(cj); /* a CLOSE that never ran closes its link here (an OPEN owns none) */
+            free(cj);
         } else {
-            datapath_job_discard(st, cj);
+            datapath_job_discard(st, cj); /* FORWARD and P2P_SEND: the datapath's job */
         }
     }
     compute_free(st->cq);
@@ -540,6 +549,7 @@ void stage_stop(wstage *st)
 
 void stage_free(wstage *st)
 {
+    act_link_free(st);
     datapath_pool_drain(st);
     assign_clear(&st->cur);
     free(st);
@@ -554,6 +564,7 @@ static void stage_release(worker *w, wstage *st)
             break;
         }
     drop_next(st);
+    act_link_reset(st);
     stage_stop(st);
     datapath_pool_drain(st);
     st->link = w->released;
@@ -736,6 +747,7 @@ void stage_on_disconnect(wstage *w, xport_peer *peer, const char *reason)
     }
     if (peer == w->next) {
         w->next = NULL;
+        act_link_next_lost(w);
         if (w->shutting_down) return;
         ST_WARN("worker: next hop %s lost (%s); reconnecting in %.1f s", xport_peer_name(peer), reason, w->backoff);
         retry_next_later(w);

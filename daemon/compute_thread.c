@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "daemon/act_p2p.h"
 #include "ib/frame.h"
 
 struct compute {
@@ -25,6 +26,7 @@ struct compute {
     int efd;
     compute_stats stats;        /* snapshot, under mu */
     stage *st;                  /* owned by the thread */
+    uint64_t st_gen;            /* stages opened (act_p2p: whose device buffer is whose) */
     long delay_us;              /* test hook: $STRATA_TEST_FORWARD_DELAY_MS (below) */
 };
 
@@ -64,6 +66,7 @@ static void run_open(compute *c, cjob *j)
         c->st = NULL;
     }
     double t0 = st_now_s();
+    c->st_gen++;
     c->st = stage_open(&j->params, &j->err);
     if (!c->st) {
         j->status = -1;
@@ -98,7 +101,10 @@ static void run_forward(compute *c, cjob *j)
     }
     j->start_ns = st_now_ns();
     if (c->delay_us > 0) usleep((useconds_t)c->delay_us);
-    j->status = stage_forward(c->st, &j->batch, j->hidden_in, j->hidden_out, j->samples, &j->err);
+    if (j->p2p_in || j->p2p_out)
+        j->status = act_p2p_forward(c->st, c->st_gen, j);
+    else
+        j->status = stage_forward(c->st, &j->batch, j->hidden_in, j->hidden_out, j->samples, &j->err);
     j->stage_failed = j->status != 0 && stage_failed(c->st, NULL);
     j->end_ns = st_now_ns();
     j->seconds = (double)(j->end_ns - j->start_ns) * 1e-9;
@@ -132,8 +138,10 @@ static void *thread_main(void *arg)
 
         if (j->kind == CJOB_OPEN)
             run_open(c, j);
-        else
+        else if (j->kind == CJOB_FORWARD)
             run_forward(c, j);
+        else
+            act_p2p_run(c->st, c->st_gen, j);
 
         pthread_mutex_lock(&c->mu);
         account(c, j);
@@ -228,7 +236,7 @@ void compute_submit(compute *c, cjob *job)
 
 bool compute_run_inline(compute *c, cjob *job)
 {
-    if (job->kind != CJOB_FORWARD) return false;
+    if (job->kind != CJOB_FORWARD || job->p2p_in || job->p2p_out) return false; /* a transfer waits on a peer */
     pthread_mutex_lock(&c->mu);
     /* Idle: nothing queued, running or waiting to be taken (results leave in
      * submission order), and a stage loaded. The thread itself then waits on

@@ -28,7 +28,13 @@
 enum cjob_kind {
     CJOB_OPEN,    /* close the current stage (if any), then stage_open(params) */
     CJOB_FORWARD, /* stage_forward(batch) on the current stage */
+    /* A pipeline boundary on NCCL (daemon/act_p2p.h), on the stage's device: */
+    CJOB_P2P_OPEN,  /* join the boundary's communicator (p2p) */
+    CJOB_P2P_SEND,  /* send dev_out (dev_bytes) to the next stage, then free it */
+    CJOB_P2P_CLOSE, /* close the communicator and free p2p */
 };
+
+struct act_p2p;
 
 /* What an OPEN job reports (filled on success). */
 typedef struct cjob_stage_info {
@@ -56,6 +62,14 @@ typedef struct cjob {
     float *hidden_out;
     uint16_t *out_bf16;
     size_t n_out;               /* elements of hidden_out (for out_bf16) */
+    /* A boundary on NCCL: p2p_in: first receive the input rows from it
+     * (hidden_in unused); p2p_out: forward into a device buffer of the stage
+     * (hidden_out unused), left in dev_out (dev_bytes) for a CJOB_P2P_SEND.
+     * P2P_* jobs: p2p, and dev_out / dev_bytes for SEND. */
+    struct act_p2p *p2p_in, *p2p_out, *p2p;
+    void *dev_out;
+    size_t dev_bytes;
+    uint64_t dev_gen;           /* the stage dev_out belongs to (act_p2p.c); P2P_OPEN: the link's serial */
     stage_sample_out *samples;  /* last stage: batch.n_seqs entries */
     /* FORWARD output */
     double seconds;             /* wall time of stage_forward */

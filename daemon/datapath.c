@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "compute/registry.h"
+#include "daemon/act_p2p.h"
 #include "daemon/assignment.h"
 #include "daemon/worker_metrics.h"
 #include "model/sampler.h"
@@ -34,6 +35,7 @@ struct job {
     float *scratch;      /* f32 output before bf16 conversion: likewise (scratch_buf) */
     stbuf in_buf, scratch_buf; /* GPU stage: the pinned homes of in and scratch */
     stbuf out;           /* registered output buffer (non-last stage) */
+    cjob send_cj;        /* the boundary on NCCL: the send of cj.dev_out (act_p2p.h) */
     double t_sent;       /* monotonic seconds at xport_send to the next hop */
     size_t out_bytes;
     stage_sample_out *samples;
@@ -267,7 +269,16 @@ static int check_activations(const wstage *w, const frame_header *h, size_t byte
                        w->cur.stage);
     const cjob_stage_info *in = &w->info;
     const int64_t T = frame_total_tokens(h);
-    if (in->is_first) {
+    if (h->payload_p2p) {
+        /* the rows follow on the boundary's NCCL communicator (frame_validate checked f32 and the shape) */
+        if (in->is_first) return st_errf(err, "stage 0 takes token ids, not rows over NCCL");
+        if (!w->p2p_in || w->p2p_in->broken)
+            return st_errf(err, "batch %llu's rows come over NCCL, but boundary %u->%u has no NCCL link%s",
+                           (unsigned long long)h->batch_id, w->cur.stage - 1, w->cur.stage,
+                           w->p2p_in ? " (it failed)" : "");
+        if (h->shape[1] != (uint32_t)in->n_embd)
+            return st_errf(err, "payload rows of %u, the model's n_embd is %d", h->shape[1], in->n_embd);
+    } else if (in->is_first) {
         if (bytes) return st_errf(err, "stage 0 takes token ids, not a payload");
         if ((int64_t)h->n_token_ids != T)
             return st_errf(err, "stage 0 needs %lld token ids, got %zu", (long long)T, h->n_token_ids);
@@ -354,7 +365,9 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
                                 .tokens = in->is_first ? c->token_ids : NULL};
     const size_t n_el = (size_t)T * (size_t)in->n_embd;
     const bool pinned = pin_module(w) != NULL; /* a GPU stage: its host side of the copies is pinned */
-    if (!in->is_first) {
+    if (h->payload_p2p) {
+        j->cj.p2p_in = w->p2p_in; /* the compute thread receives the rows into device memory */
+    } else if (!in->is_first) {
         if (pinned) {
             if (!(j->in_buf = pool_get(w, n_el * sizeof(float), &err)).m) goto fail;
             j->in = xport_mem_ptr(j->in_buf.m);
@@ -367,7 +380,9 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
             frame_bf16_to_f32(payload, j->in, n_el);
         j->cj.hidden_in = j->in;
     }
-    if (!in->is_last) {
+    if (!in->is_last && w->p2p_out && w->p2p_out->ready && !w->p2p_out->broken) {
+        j->cj.p2p_out = w->p2p_out; /* the rows stay on the device and go over NCCL (forward_p2p) */
+    } else if (!in->is_last) {
         j->out_bytes = n_el * frame_dtype_size(w->cur.act_dtype);
         if (!(j->out = pool_get(w, j->out_bytes, &err)).m) goto fail;
         if (w->cur.act_dtype == STRATA__V1__DTYPE__DTYPE_F32) {
@@ -506,8 +521,95 @@ out:
     free(topp);
 }
 
+/* Hands the job's device rows to the compute thread: sent to the next stage
+ * over NCCL (send), or only freed; the job ends in datapath_p2p_sent. */
+static void p2p_finish(wstage *w, struct job *j, bool send)
+{
+    cjob *s = &j->send_cj;
+    memset(s, 0, sizeof *s);
+    s->kind = CJOB_P2P_SEND;
+    s->user = j;
+    s->p2p = send ? j->cj.p2p_out : NULL;
+    s->dev_out = j->cj.dev_out;
+    s->dev_bytes = send ? j->cj.dev_bytes : 0;
+    s->dev_gen = j->cj.dev_gen;
+    j->cj.dev_out = NULL;
+    if (!w->cq) {
+        job_free(w, j); /* stopped: the stage took its buffers with it */
+        return;
+    }
+    compute_submit(w->cq, s);
+}
+
+/* A forward whose rows are in a device buffer, for the next stage over NCCL:
+ * the header goes over UCX first (FrameHeader.payload_p2p), then the rows,
+ * as a job of their own, so a send waiting for its receiver never holds the
+ * next forward (act_p2p.h). */
+static void forward_done_p2p(wstage *w, struct job *j)
+{
+    if (j->gen != w->gen || w->state != W_READY || w->shutting_down) {
+        p2p_finish(w, j, false);
+        return;
+    }
+    if (j->cj.p2p_out != w->p2p_out || w->p2p_out->broken || !w->next) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "%s", w->next ? "the NCCL link to the next hop closed" : "the next hop is not connected");
+        batch_error(w, j, msg);
+        p2p_finish(w, j, false);
+        return;
+    }
+    frame_header h = *j->hdr;
+    uint32_t shape[2] = {(uint32_t)j->cj.batch.n_tokens, (uint32_t)w->info.n_embd};
+    h.stage = w->cur.stage + 1;
+    h.token_ids = NULL;
+    h.n_token_ids = 0;
+    h.dtype = STRATA__V1__DTYPE__DTYPE_F32;
+    h.shape = shape;
+    h.n_shape = 2;
+    h.n_results = 0;
+    h.results = NULL;
+    h.control.len = 0;
+    h.control.data = NULL;
+    h.payload_p2p = true;
+    st_err err;
+    j->t_sent = st_now_s();
+    if (xport_send(w->next, &h, NULL, 0, NULL, NULL, NULL, &err)) {
+        batch_error(w, j, err.msg);
+        p2p_finish(w, j, false);
+        return;
+    }
+    p2p_finish(w, j, true);
+}
+
+void datapath_p2p_sent(wstage *w, cjob *cj)
+{
+    struct job *j = cj->user;
+    if (cj->dev_bytes && cj->status) {
+        if (cj->p2p && cj->p2p == w->p2p_out && !w->p2p_out->broken) {
+            w->p2p_out->broken = true;
+            ST_WARN("worker: boundary %u->%u: nccl failed: %s; the next batches go over UCX", w->cur.stage,
+                    w->cur.stage + 1, cj->err.msg);
+        }
+        if (j->gen == w->gen && !w->shutting_down) batch_error(w, j, cj->err.msg);
+    } else if (cj->dev_bytes) {
+        double d = st_now_s() - j->t_sent;
+        w->front->hops++;
+        w->front->hop_seconds += d;
+        worker_metrics_hop(w->front->metrics, (int)w->cur.stage, d);
+    }
+    job_free(w, j);
+}
+
 static void forward_done(wstage *w, struct job *j)
 {
+    if (j->cj.p2p_out && j->cj.dev_out) {
+        forward_done_p2p(w, j);
+        return;
+    }
+    if (j->cj.status && j->cj.p2p_in && j->cj.p2p_in == w->p2p_in && !w->p2p_in->broken) {
+        w->p2p_in->broken = true; /* its communicator was aborted: later rows over NCCL are refused */
+        ST_WARN("worker: boundary %u->%u: nccl failed: %s", w->cur.stage - 1, w->cur.stage, j->cj.err.msg);
+    }
     if (j->gen != w->gen || w->state != W_READY || w->shutting_down) {
         ST_DEBUG("worker: batch %llu of an older assignment finished; dropped", (unsigned long long)j->hdr->batch_id);
         job_free(w, j);

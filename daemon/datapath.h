@@ -23,7 +23,10 @@ void datapath_activations(wstage *st, xport_peer *peer, const frame_header *h, c
 /* A FORWARD job of st finished (taken back from the compute thread): records
  * its interval and sends its result on. The job is freed. */
 void datapath_forward_finished(wstage *st, cjob *cj);
-/* Frees a FORWARD job that will not be finished (the stage is stopping). */
+/* A CJOB_P2P_SEND of st came back (the rows of a forward went to the next
+ * stage over NCCL, or failed): accounts it like a UCX send, frees the job. */
+void datapath_p2p_sent(wstage *st, cjob *cj);
+/* Frees a FORWARD (or P2P_SEND) job that will not be finished (the stage is stopping). */
 void datapath_job_discard(wstage *st, cjob *cj);
 /* Unregisters st's free output buffers. */
 void datapath_pool_drain(wstage *st);

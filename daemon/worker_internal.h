@@ -93,8 +93,9 @@ struct wstage {
      * of the boundary out of this stage (-1 until the next hop answered: UCX)
      * and into it (-1 until an offer came), and the NCCL id received. */
     int act_out, act_in;
-    uint8_t nccl_id_in[128];
-    bool has_nccl_id_in;
+    uint8_t act_id[128];        /* the NCCL id this stage offered its next hop */
+    bool has_act_id;
+    struct act_p2p *p2p_out, *p2p_in; /* NCCL links of the two boundaries (daemon/act_p2p.h) */
 
     /* datapath.c */
     stbuf pool[POOL_MAX];   /* free buffers, of either kind */

@@ -67,7 +67,10 @@ typedef struct fwd {
     int32_t *logit_seq;  /* sequence index of each sampled row */
     int n_logit;
     int32_t max_cands;
+    bool in_dev, out_dev; /* hin / hout are device memory on rank 0's device (stage_forward_io) */
 } fwd;
+
+#define STAGE_MAX_DEV_BUFS 64 /* stage_dev_alloc buffers live at once */
 
 struct stage {
     stage_params p;
@@ -98,6 +101,9 @@ struct stage {
     int32_t *logit_rows, *logit_seq;
     uint64_t opened_ns;
     stage_stats stats;
+    /* stage_dev_alloc's buffers (released at close if still live) */
+    void *dev_bufs[STAGE_MAX_DEV_BUFS];
+    int n_dev_bufs;
     /* A communicator of the stage was aborted (comm.failed): the stage is lost. */
     bool failed;
     char failed_why[ST_ERR_MSG_MAX];
@@ -446,7 +452,10 @@ static void rank_forward(rank_ctx *rc) {
         OP(o->embed(be, rc->x, &rc->tok_embd, b->tokens, T, pl->vocab.lo, err));
         COLL(o->all_reduce(be, rc->c, rc->x, (size_t)(T * E), &_e));
     } else {
-        OP(o->upload(be, rc->x, fw->hin, (size_t)(T * E) * sizeof(float), err));
+        if (fw->in_dev) /* rank 0's device buffer: every rank copies it (a peer copy on another GPU) */
+            OP(o->copy(be, rc->x, fw->hin, (size_t)(T * E) * sizeof(float), err));
+        else
+            OP(o->upload(be, rc->x, fw->hin, (size_t)(T * E) * sizeof(float), err));
     }
     backend_attn at = {
         .n_head = pl->n_head_local,
@@ -482,7 +491,14 @@ static void rank_forward(rank_ctx *rc) {
         OP(o->add(be, rc->x, rc->o, T * E, err));
     }
     if (s->last != c->n_layer) {
-        if (rc->rank == 0) OP(o->download(be, fw->hout, rc->x, (size_t)(T * E) * sizeof(float), err));
+        if (rc->rank == 0 && fw->out_dev) {
+            OP(o->copy(be, fw->hout, rc->x, (size_t)(T * E) * sizeof(float), err));
+            /* a synchronising read: the copy is done before another stream (NCCL) reads hout */
+            float probe;
+            OP(o->download(be, &probe, fw->hout, sizeof probe, err));
+        } else if (rc->rank == 0) {
+            OP(o->download(be, fw->hout, rc->x, (size_t)(T * E) * sizeof(float), err));
+        }
     } else if (fw->n_logit > 0) {
         const int S = fw->n_logit;
         const int64_t Vl = pl->n_vocab_local;
@@ -659,6 +675,7 @@ void stage_close(stage *s) {
         pthread_mutex_unlock(&s->mu);
         for (int r = 0; r < s->tp; r++)
             if (s->ranks[r].started) pthread_join(s->ranks[r].thread, NULL);
+        while (s->n_dev_bufs) stage_dev_free(s, s->dev_bufs[0]);
         for (int r = 0; r < s->tp; r++) rank_release(&s->ranks[r]);
         free(s->ranks);
     }
@@ -868,8 +885,44 @@ static int grow_meta(stage *s, int64_t T, int n_seqs, st_err *err) {
     return 0;
 }
 
+void *stage_dev_alloc(stage *s, size_t bytes, st_err *err) {
+    if (!s->cuda) return st_errf(err, "stage: backend %s has no device memory", s->bm->name), NULL;
+    if (s->n_dev_bufs == STAGE_MAX_DEV_BUFS)
+        return st_errf(err, "stage: %d hand-off buffers live already", STAGE_MAX_DEV_BUFS), NULL;
+    backend *be = s->ranks[0].be;
+    void *p = be->ops->alloc(be, bytes ? bytes : 1, err);
+    if (p) s->dev_bufs[s->n_dev_bufs++] = p;
+    return p;
+}
+
+void stage_dev_free(stage *s, void *p) {
+    for (int i = 0; p && i < s->n_dev_bufs; i++)
+        if (s->dev_bufs[i] == p) {
+            s->ranks[0].be->ops->release(s->ranks[0].be, p);
+            s->dev_bufs[i] = s->dev_bufs[--s->n_dev_bufs];
+            return;
+        }
+}
+
+int stage_device(const stage *s) { return s->p.n_devices ? s->p.devices[0] : 0; }
+
+static int forward_impl(stage *s, const stage_batch *b, const void *hidden_in, bool in_dev, void *hidden_out,
+                        bool out_dev, stage_sample_out *samples, st_err *err);
+
 int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float *hidden_out,
                   stage_sample_out *samples, st_err *err) {
+    return forward_impl(s, b, hidden_in, false, hidden_out, false, samples, err);
+}
+
+int stage_forward_io(stage *s, const stage_batch *b, const void *in, bool in_dev, void *out, bool out_dev,
+                     stage_sample_out *samples, st_err *err) {
+    if ((in_dev || out_dev) && !s->cuda)
+        return st_errf(err, "stage: backend %s has no device memory for a device hand-off", s->bm->name);
+    return forward_impl(s, b, in, in_dev, out, out_dev, samples, err);
+}
+
+static int forward_impl(stage *s, const stage_batch *b, const void *hidden_in, bool in_dev, void *hidden_out,
+                        bool out_dev, stage_sample_out *samples, st_err *err) {
     const double t0 = st_now_s();
     const llama_config *c = &s->cfg;
     const bool first = stage_is_first(s), last = stage_is_last(s);
@@ -938,7 +991,8 @@ int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float 
         return st_errf(err, "stage: sequences hold %lld tokens, batch says %d", (long long)row, b->n_tokens);
     int32_t vmax = (int32_t)s->ranks[0].plan.n_vocab_local; /* rank 0 has the largest slice */
     if (max_cands > vmax) max_cands = vmax;
-    s->cur = (fwd){.b = b, .hin = hidden_in, .hout = hidden_out, .samples = samples,
+    s->cur = (fwd){.b = b, .hin = hidden_in, .hout = hidden_out, .samples = samples, .in_dev = in_dev,
+                   .out_dev = out_dev,
                    .pos = s->pos, .slots = s->slots, .aseqs = s->aseqs,
                    .logit_rows = s->logit_rows, .logit_seq = s->logit_seq, .n_logit = n_logit,
                    .max_cands = max_cands};

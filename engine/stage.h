@@ -167,6 +167,21 @@ int stage_forward(stage *s, const stage_batch *b, const float *hidden_in, float 
  * BatchError.stage_failed) and closes it; why (optional) gets the reason. */
 bool stage_failed(const stage *s, st_err *why);
 
+/* The device hand-off of activations (a pipeline boundary on NCCL,
+ * daemon/act_p2p.h): as stage_forward, but `in` (when in_dev) and `out`
+ * (when out_dev) are device memory on rank 0's device, from stage_dev_alloc.
+ * Every rank copies its input rows from there (a peer copy on another GPU);
+ * rank 0 copies the output there and the call returns once it is written.
+ * -1 + err on a host backend. */
+int stage_forward_io(stage *s, const stage_batch *b, const void *in, bool in_dev, void *out, bool out_dev,
+                     stage_sample_out *samples, st_err *err);
+/* Device memory on rank 0's device for the hand-off (at most 64 buffers live;
+ * those still live are released by stage_close). NULL + err on a host backend. */
+void *stage_dev_alloc(stage *s, size_t bytes, st_err *err);
+void stage_dev_free(stage *s, void *p);
+/* Rank 0's device (StageAssign.devices[0], else 0). */
+int stage_device(const stage *s);
+
 int stage_rank_stats_get(const stage *s, int rank, stage_rank_stats *out);
 void stage_stats_get(const stage *s, stage_stats *out);
 

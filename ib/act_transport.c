@@ -44,6 +44,8 @@ static void nccl_missing(const act_boundary *b, char *why, size_t cap)
         snprintf(why, cap, "the %s stage runs on the CPU", !b->send.gpu ? "sending" : "receiving");
     else if (!b->send.nccl || !b->recv.nccl)
         snprintf(why, cap, "NCCL is not available on the %s side", !b->send.nccl ? "sending" : "receiving");
+    else if (b->same_node && b->same_gpu)
+        snprintf(why, cap, "both stages on one GPU (NCCL takes one rank per GPU)");
     else
         why[0] = 0;
 }

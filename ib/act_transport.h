@@ -46,6 +46,7 @@ typedef struct act_side {
 typedef struct act_boundary {
     act_side send, recv;      /* stage k, stage k+1 */
     bool same_node;           /* both workers on one machine (the same machine id) */
+    bool same_gpu;            /* ... and both stages' first rank on the same GPU (NCCL needs two) */
     enum act_override override;
 } act_boundary;
 
@@ -55,7 +56,8 @@ typedef struct act_choice {
     char reason[384];         /* one line, for the log and the peer */
 } act_choice;
 
-/* The transport of a boundary. Auto rules, in order:
+/* The transport of a boundary. NCCL is out when both stages sit on one GPU
+ * (a communicator takes one rank per GPU). Auto rules, in order:
  *   a CPU stage on either side           -> ucx (both CPU) or ucx-pinned;
  *   both GPU, different nodes, NCCL both -> nccl;
  *   both GPU, UCX CUDA memory both       -> ucx-cuda (cuda_ipc on one node,

@@ -104,6 +104,13 @@ int frame_validate(const frame_header *h, size_t payload_bytes, st_err *err)
     if (payload_bytes && kind == STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL)
         return st_errf(err, "frame: CONTROL with a payload");
 
+    if (h->payload_p2p) {
+        if (kind != STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS)
+            return st_errf(err, "frame: payload_p2p on a frame that is not ACTIVATIONS");
+        if (payload_bytes) return st_errf(err, "frame: payload_p2p with %zu payload bytes in the frame", payload_bytes);
+        if (h->dtype != STRATA__V1__DTYPE__DTYPE_F32) return st_errf(err, "frame: payload_p2p rows must be f32");
+        if (h->n_shape != 2) return st_errf(err, "frame: payload_p2p needs the rows' shape");
+    }
     if (payload_bytes > 0 || h->n_shape > 0) {
         if (h->n_shape != 2) return st_errf(err, "frame: shape has %zu dims, want 2", h->n_shape);
         size_t es = frame_dtype_size(h->dtype);
@@ -114,7 +121,7 @@ int frame_validate(const frame_header *h, size_t payload_bytes, st_err *err)
         if (cols > FRAME_MAX_EMBD) return st_errf(err, "frame: n_embd %llu exceeds %d", (unsigned long long)cols, FRAME_MAX_EMBD);
         if ((int64_t)rows != total)
             return st_errf(err, "frame: shape[0] %llu != sum of n_tokens %lld", (unsigned long long)rows, (long long)total);
-        if (rows * cols * es != payload_bytes)
+        if (!h->payload_p2p && rows * cols * es != payload_bytes)
             return st_errf(err, "frame: shape [%llu, %llu] x %zu B != payload %zu B", (unsigned long long)rows,
                            (unsigned long long)cols, es, payload_bytes);
     } else if (h->dtype != STRATA__V1__DTYPE__DTYPE_UNSPECIFIED && frame_dtype_size(h->dtype) == 0) {
@@ -124,7 +131,7 @@ int frame_validate(const frame_header *h, size_t payload_bytes, st_err *err)
     switch (kind) {
     case STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS:
         if (h->n_seqs == 0) return st_errf(err, "frame: ACTIVATIONS without sequences");
-        if (payload_bytes == 0 && h->n_token_ids == 0)
+        if (payload_bytes == 0 && h->n_token_ids == 0 && !h->payload_p2p)
             return st_errf(err, "frame: ACTIVATIONS with neither token ids nor payload");
         if (h->n_results) return st_errf(err, "frame: ACTIVATIONS carrying results");
         break;

@@ -23,6 +23,12 @@ MODE
             from the module's pinned allocator (stage 0 its output rows,
             stage 1 its input rows), serve the reference tokens, and after
             SIGTERM have given every pinned buffer back (live 0)
+  p2p       the same with the fake module's point-to-point (STRATA_FAKE_GPU_P2P=1,
+            a Unix socket standing in for NCCL): stage 1 chooses nccl (GPU
+            stages on one node, distinct GPUs, no UCX CUDA memory), both join
+            the communicator (rank 0 and 1), and then every decode step's rows
+            go over it (as many sends on stage 0 as receives on stage 1, no
+            ACTIVATIONS payload over UCX) with the reference tokens
   offers    one worker holding stage 1 of 2, offers from rogue_peer: a
             128-byte id arrives byte-exact; a 127-byte and a 129-byte id, a
             boundary the worker is not on and an epoch older than its stage
@@ -127,6 +133,41 @@ def mode_pinned(args):
         cl.kill()
 
 
+def mode_p2p(args):
+    refs = load_ref(args, "stories260K-greedy.json")[:2]
+    want = [r["completion_tokens"][:32] for r in refs]
+    os.environ["STRATA_BACKEND_PATH"] = args.fake_gpu
+    os.environ["STRATA_FAKE_GPU_P2P"] = "1"
+    cl = Cluster(args, [{"tp": 1, "cfg": ["backend = cuda"]}, {"tp": 1, "cfg": ["backend = cuda"]}])
+    try:
+        check(cl.start(), "a PP 2 cluster of two (fake) GPU stages with a point-to-point starts")
+        up = lambda: all("nccl communicator up (rank %d)" % i in logs(cl, i) for i in (0, 1))  # noqa: E731
+        check(wait_for(up, 30), "both stages joined the boundary's communicator (rank 0 and rank 1)")
+        w0, w1 = logs(cl, 0), logs(cl, 1)
+        check("boundary 0->1: nccl (GPU stages on one node; UCX without CUDA memory, NCCL on both)" in w1,
+              "stage 1 chose nccl")
+        check(re.search(r"boundary 0->1: nccl \(GPU stages on one node.*\); joining the communicator as rank 0", w0),
+              "stage 0 joins as rank 0 after the answer")
+        sends0 = len(re.findall(r"fake-gpu: p2p send \d+", w0))
+        check(ref_tokens(cl, refs) == want, "the reference tokens with the rows over the point-to-point")
+        w0, w1 = logs(cl, 0), logs(cl, 1)
+        sends = [int(b) for b in re.findall(r"fake-gpu: p2p send (\d+)", w0)]
+        recvs = [int(b) for b in re.findall(r"fake-gpu: p2p recv (\d+)", w1)]
+        check(len(sends) - sends0 >= 2 * 31, "stage 0 sent every step's rows over it (%d sends)" % (len(sends) - sends0))
+        check(sends == recvs, "stage 1 received exactly what stage 0 sent, in order (%d / %d)" % (len(sends), len(recvs)))
+        check(all(b % (64 * 4) == 0 for b in sends), "rows of n_embd 64 f32")
+        check("nccl failed" not in w0 + w1, "no transfer failed")
+        rcs = cl.stop()
+        for i in (0, 1):
+            check(rcs.get("worker%d" % i) == 0, "worker %d exits 0 on SIGTERM (%s)" % (i, rcs.get("worker%d" % i)))
+    finally:
+        os.environ.pop("STRATA_BACKEND_PATH", None)
+        os.environ.pop("STRATA_FAKE_GPU_P2P", None)
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
 def mode_offers(args):
     tmp = tempfile.mkdtemp(prefix="strata-act-")
     mdir = os.path.join(args.shared, "models")
@@ -197,7 +238,7 @@ def mode_offers(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["auto", "nccl", "pinned", "offers"])
+    ap.add_argument("mode", choices=["auto", "nccl", "pinned", "p2p", "offers"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--rogue", required=True)
@@ -210,6 +251,8 @@ def main():
         mode_offers(args)
     elif args.mode == "pinned":
         mode_pinned(args)
+    elif args.mode == "p2p":
+        mode_p2p(args)
     else:
         pp2(args, args.mode == "nccl")
     print("%s: %s" % (args.mode, "FAIL (%d)" % len(FAILS) if FAILS else "ok"))

@@ -133,6 +133,18 @@ static void test_validation(void)
     EXPECT_REJECT(&f, 0, "empty shape");
     FRESH(); f.shape[1] = 65537;
     EXPECT_REJECT(&f, (size_t)6 * 65537 * 4, "n_embd");
+    /* payload_p2p: the rows follow on the boundary's NCCL communicator */
+    FRESH(); f.h.payload_p2p = 1; f.h.n_token_ids = 0;
+    CHECK_EQ_INT(frame_validate(&f.h, 0, &err), 0);
+    EXPECT_REJECT(&f, ok, "payload_p2p with");
+    FRESH(); f.h.payload_p2p = 1; f.h.dtype = BF16;
+    EXPECT_REJECT(&f, 0, "payload_p2p rows must be f32");
+    FRESH(); f.h.payload_p2p = 1; f.h.n_shape = 0;
+    EXPECT_REJECT(&f, 0, "payload_p2p needs the rows' shape");
+    FRESH(); f.h.payload_p2p = 1; f.shape[0] = 5;
+    EXPECT_REJECT(&f, 0, "sum of n_tokens");
+    FRESH(); f.h.payload_p2p = 1; f.h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
+    EXPECT_REJECT(&f, 0, "not ACTIVATIONS");
     FRESH(); f.seq[1].n_tokens = 0;
     EXPECT_REJECT(&f, ok, "n_tokens");
     FRESH(); f.seq[0].pos = -1;
