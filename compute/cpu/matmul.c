@@ -153,23 +153,52 @@ typedef struct {
     float *scratch;   /* per thread: scratch_n floats each */
     size_t scratch_n;
     cpu_gemm_args g;  /* own GEMM */
+    atomic_long next_row; /* matvec: first weight row not yet claimed */
+    long min_rows;        /* matvec: smallest chunk of rows a thread claims */
 } mm_job;
+
+/* The matvec hands out weight rows in chunks from one counter, largest
+ * first (guided scheduling: a chunk is the unclaimed rows / (2 * nth),
+ * rounded up to 16 rows and at least min_rows, about 64 KiB of weights).
+ * A statically split matvec waits for its slowest thread, and on a machine
+ * shared with other work a thread that loses its core for a time slice
+ * stalls every matmul it is in; here the other thread takes over the
+ * unclaimed rows. A thread's first chunk is a quarter of the rows (2
+ * threads), so each still streams long contiguous runs. Which thread
+ * computes a row does not change its bits. Returns 0 when none are left. */
+static int claim_rows(mm_job *j, int nth, long *lo, long *hi) {
+    const long n = (long)j->N;
+    long cur = atomic_load_explicit(&j->next_row, memory_order_relaxed);
+    for (;;) {
+        if (cur >= n) return 0;
+        long take = (n - cur + 2L * nth - 1) / (2L * nth);
+        take = (take + 15) / 16 * 16;
+        if (take < j->min_rows) take = j->min_rows;
+        if (take > n - cur) take = n - cur;
+        if (atomic_compare_exchange_weak_explicit(&j->next_row, &cur, cur + take, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *lo = cur;
+            *hi = cur + take;
+            return 1;
+        }
+    }
+}
 
 static void run_matvec(void *p, int ith, int nth) {
     mm_job *j = p;
     long lo, hi;
-    st_split_range((long)j->N, ith, nth, &lo, &hi);
-    if (hi <= lo) return;
-    j->kn->matvec(j->wtype, j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->x, j->T, j->K, j->y + lo, j->N,
-                  j->scratch ? j->scratch + (size_t)ith * j->scratch_n : NULL);
+    float *scratch = j->scratch ? j->scratch + (size_t)ith * j->scratch_n : NULL;
+    while (claim_rows(j, nth, &lo, &hi))
+        j->kn->matvec(j->wtype, j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->x, j->T, j->K, j->y + lo, j->N,
+                      scratch);
 }
 
 static void run_matvec_q8(void *p, int ith, int nth) {
     mm_job *j = p;
     long lo, hi;
-    st_split_range((long)j->N, ith, nth, &lo, &hi);
-    if (hi <= lo) return;
-    j->kn->matvec_q8(j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->xq, j->xd, j->T, j->K, j->y + lo, j->N);
+    (void)ith;
+    while (claim_rows(j, nth, &lo, &hi))
+        j->kn->matvec_q8(j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->xq, j->xd, j->T, j->K, j->y + lo, j->N);
 }
 
 /* Q8_0 GEMM: rows split over the threads in multiples of CPU_Q8_ROWS (the
@@ -194,6 +223,14 @@ static void run_quant(void *p, int ith, int nth) {
     j->kn->quantize_q8(j->x + lo * QK8_0, (hi - lo) * QK8_0, q, j->xd + lo);
     if (j->xbias)
         for (long i = 0; i < (hi - lo) * QK8_0; i++) q[i] = (int8_t)((uint8_t)q[i] ^ 0x80);
+}
+
+/* About 64 KiB of weights, a multiple of 16 rows (the AVX-512 matvec's
+ * group). */
+static long matvec_min_rows(size_t rb) {
+    long r = (long)((64u << 10) / (rb ? rb : 1));
+    r = (r + 15) / 16 * 16;
+    return r < 16 ? 16 : r;
 }
 
 void cpu_quantize_q8(const float *x, int64_t n, int8_t *q, float *d) {
@@ -317,7 +354,9 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     int lv = atomic_load(&mm_level);
     const cpu_kernels *kn = kernels_for(lv);
     int nth = st_pool_size(pool);
-    mm_job j = {.kn = kn, .y = y, .x = x, .w = w, .wtype = wtype, .T = T, .K = K, .N = N, .rb = rb};
+    mm_job j = {.kn = kn, .y = y, .x = x, .w = w, .wtype = wtype, .T = T, .K = K, .N = N, .rb = rb,
+                .min_rows = matvec_min_rows(rb)};
+    atomic_init(&j.next_row, 0);
 
     const int q8_float = wtype == GGML_TYPE_Q8_0 && atomic_load(&mm_q8_float);
     const int matvec = T < atomic_load(&mm_matvec_max_t) && !q8_float; /* the float path is the GEMM's */

@@ -294,6 +294,10 @@ int main(void) {
             check_case(pool, GGML_TYPE_F16, 9, 130, 50, 0);
             check_case(pool, GGML_TYPE_F32, 20, 33, 13, 0);
             check_case(pool, GGML_TYPE_BF16, 33, 64, 101, 0);
+            /* Decode over many weight rows: the matvec's rows go out in
+             * several chunks of decreasing size (matmul.c claim_rows). */
+            check_case(pool, GGML_TYPE_F16, 1, 256, 1500, 0);
+            check_case(pool, GGML_TYPE_Q8_0, 1, 256, 1500, 0);
             /* K past one CPU_GEMM_KC tile and N past one CPU_GEMM_NB tile. */
             check_case(pool, GGML_TYPE_Q4_0, 17, 288, 200, 0);
             /* The OpenBLAS GEMM path (STRATA_GEMM=blas). */
