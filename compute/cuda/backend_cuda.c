@@ -45,6 +45,16 @@ typedef struct cuda_be {
     meta_ring ring;
     char *ring_host, *ring_dev;
     cudaEvent_t ring_ev[META_RING_MAX_SEGS];
+    /* The last upload of each kind of metadata: the same bytes again (every
+     * layer's positions, slots and block tables) re-use it, no copy. */
+    struct meta_cached {
+        meta_ring_ref ref;
+        int n;
+        size_t bytes[3];
+    } mcache[5];
+    int32_t *hstage; /* host staging for the attention metadata */
+    size_t hstage_n;
+    unsigned long long meta_copies, meta_reused;
     cudaEvent_t sync_ev; /* host waits: recorded on the stream, polled */
     comm *comm;          /* the NCCL rank of the last all_reduce: its deadline guards host waits */
     int half_gemm;
@@ -125,12 +135,13 @@ static int ring_make(cuda_be *c, size_t seg_bytes, st_err *err) {
         ring_free(c);
         return -1;
     }
+    for (size_t i = 0; i < sizeof c->mcache / sizeof c->mcache[0]; i++) c->mcache[i] = (struct meta_cached){.ref.at = -1};
     return meta_ring_init(&c->ring, seg_bytes, RING_SEGS, &k_ring_ops, c, err);
 }
 
-/* `total` bytes of the ring for one op: *host to fill, *dev for the kernel;
- * then ring_send copies them. */
-static int ring_take(cuda_be *c, size_t total, char **host, char **dev, st_err *err) {
+/* `total` bytes of the ring for one op: *host to fill, *dev for the kernel,
+ * *at their offset; then ring_send copies them. */
+static int ring_take(cuda_be *c, size_t total, char **host, char **dev, int64_t *at_out, st_err *err) {
     if (meta_ring_aligned(total) > c->ring.seg_bytes) {
         size_t seg = meta_ring_seg_bytes_for(2 * total);
         ST_WARN("cuda backend (device %d): op metadata of %zu bytes exceeds the %zu-byte ring segments; "
@@ -142,6 +153,7 @@ static int ring_take(cuda_be *c, size_t total, char **host, char **dev, st_err *
     if (at < 0) return -1;
     *host = c->ring_host + at;
     *dev = c->ring_dev + at;
+    *at_out = at;
     return 0;
 }
 
@@ -149,28 +161,60 @@ static int ring_send(cuda_be *c, char *dev, const char *host, size_t bytes, st_e
     return ck(c, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream), "metadata upload", err);
 }
 
-/* Copies n host arrays through the ring (one pinned, stream-ordered copy for
- * all, so the host arrays may be reused once this returns) and sets *dst[i]
- * (NULL for an empty part). */
+/* Copies n (<= 3) host arrays through the ring (one pinned, stream-ordered
+ * copy for all, so the host arrays may be reused once this returns) and sets
+ * *dst[i] (NULL for an empty part). When they equal, byte for byte, the last
+ * upload of the same kind and that is still in the ring (meta_ring_still_has),
+ * its device bytes are used again and nothing is copied. */
+enum meta_kind { MK_ROPE, MK_SLOTS, MK_ATTN, MK_IDS, MK_ROWS };
+
 typedef struct meta_part {
     const void *src;
     size_t bytes;
     void **dst;
 } meta_part;
 
-static int meta_upload(cuda_be *c, meta_part *parts, int n, st_err *err) {
+static size_t part_bytes(const meta_part *p) { return p->src ? p->bytes : 0; }
+
+static int meta_upload(cuda_be *c, enum meta_kind kind, meta_part *parts, int n, st_err *err) {
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += parts[i].src ? meta_ring_aligned(parts[i].bytes) : 0;
+    for (int i = 0; i < n; i++) total += part_bytes(&parts[i]) ? meta_ring_aligned(parts[i].bytes) : 0;
+    struct meta_cached *mc = &c->mcache[kind];
+    if (total && mc->n == n && mc->ref.bytes == total && meta_ring_still_has(&c->ring, &mc->ref)) {
+        bool same = true;
+        size_t off = 0;
+        for (int i = 0; i < n && same; i++) {
+            const size_t b = part_bytes(&parts[i]);
+            same = mc->bytes[i] == b && (!b || memcmp(c->ring_host + mc->ref.at + off, parts[i].src, b) == 0);
+            off += b ? meta_ring_aligned(b) : 0;
+        }
+        if (same) {
+            off = 0;
+            for (int i = 0; i < n; i++) {
+                const size_t b = part_bytes(&parts[i]);
+                *parts[i].dst = b ? c->ring_dev + mc->ref.at + off : NULL;
+                off += b ? meta_ring_aligned(b) : 0;
+            }
+            c->meta_reused++;
+            return 0;
+        }
+    }
     char *h, *d;
-    if (ring_take(c, total, &h, &d, err)) return -1;
+    int64_t at;
+    if (ring_take(c, total, &h, &d, &at, err)) return -1;
     size_t off = 0;
     for (int i = 0; i < n; i++) {
+        const size_t b = part_bytes(&parts[i]);
         *parts[i].dst = NULL;
-        if (parts[i].bytes == 0 || !parts[i].src) continue;
-        memcpy(h + off, parts[i].src, parts[i].bytes);
+        mc->bytes[i] = b;
+        if (!b) continue;
+        memcpy(h + off, parts[i].src, b);
         *parts[i].dst = d + off;
-        off += meta_ring_aligned(parts[i].bytes);
+        off += meta_ring_aligned(b);
     }
+    mc->n = n;
+    mc->ref = meta_ring_ref_of(&c->ring, at, total);
+    c->meta_copies++;
     return off ? ring_send(c, d, h, off, err) : 0;
 }
 
@@ -192,6 +236,7 @@ static void cuda_destroy(backend *b) {
     if (c->stream) cudaStreamDestroy(c->stream);
     cudaGetLastError();
     free(c->bufs);
+    free(c->hstage);
     free(c);
 }
 
@@ -421,7 +466,7 @@ static int cuda_rope(backend *b, float *x, int64_t T, int n_head, int head_dim, 
     void *dpos, *dff;
     meta_part parts[] = {{pos, (size_t)T * sizeof(int32_t), &dpos},
                          {ff, ff ? (size_t)(n_rot / 2) * sizeof(float) : 0, &dff}};
-    if (meta_upload(c, parts, 2, err)) return -1;
+    if (meta_upload(c, MK_ROPE, parts, 2, err)) return -1;
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
     return launched(c, cuk_rope(x, T, n_head, head_dim, n_rot, dpos, theta_scale, dff, c->stream),
                     "rope kernel", err);
@@ -443,7 +488,7 @@ static int cuda_kv_store(backend *b, void *kc, void *vc, uint32_t kv_type, const
     if (use(c, err)) return -1;
     void *dslots;
     meta_part parts[] = {{slots, (size_t)T * sizeof(int32_t), &dslots}};
-    if (meta_upload(c, parts, 1, err)) return -1;
+    if (meta_upload(c, MK_SLOTS, parts, 1, err)) return -1;
     return launched(c, cuk_kv_store(kc, vc, kv_type == GGML_TYPE_F16, k, v, T, kv_dim, dslots, c->stream),
                     "kv_store kernel", err);
 }
@@ -480,11 +525,16 @@ static int cuda_attention(backend *b, float *out, const float *q, const void *kc
     if (n_rows == 0) return 0;
     if (n_rows > INT_MAX) return st_errf(err, "cuda backend: attention over %lld rows", (long long)n_rows);
     if (use(c, err)) return -1;
-    /* Built straight into the pinned ring: row_npos[n_rows], row_btoff[n_rows], bt[n_bt]. */
-    const size_t bytes = (size_t)(2 * n_rows + n_bt) * sizeof(int32_t);
-    char *hring, *dring;
-    if (ring_take(c, bytes, &hring, &dring, err)) return -1;
-    int32_t *npos = (int32_t *)hring, *btoff = npos + n_rows, *bt = npos + 2 * n_rows;
+    /* Host staging (the same every layer of a forward: uploaded once, then
+     * re-used by meta_upload): row_npos[n_rows], row_btoff[n_rows], bt[n_bt]. */
+    const size_t need = (size_t)(2 * n_rows + n_bt);
+    if (need > c->hstage_n) {
+        int32_t *h = realloc(c->hstage, need * sizeof *h);
+        if (!h) return st_errf(err, "cuda backend: out of host memory");
+        c->hstage = h;
+        c->hstage_n = need;
+    }
+    int32_t *npos = c->hstage, *btoff = npos + n_rows, *bt = npos + 2 * n_rows;
     int64_t o = 0;
     for (int i = 0; i < a->n_seqs; i++) {
         const backend_attn_seq *s = &a->seqs[i];
@@ -496,8 +546,10 @@ static int cuda_attention(backend *b, float *out, const float *q, const void *kc
         }
         o += nb;
     }
-    if (ring_send(c, dring, hring, bytes, err)) return -1;
-    const int32_t *dnpos = (const int32_t *)dring, *dbtoff = dnpos + n_rows, *dbt = dnpos + 2 * n_rows;
+    void *dmeta;
+    meta_part parts[] = {{npos, need * sizeof(int32_t), &dmeta}};
+    if (meta_upload(c, MK_ATTN, parts, 1, err)) return -1;
+    const int32_t *dnpos = dmeta, *dbtoff = dnpos + n_rows, *dbt = dnpos + 2 * n_rows;
     return launched(c, cuk_attention(out, q, kc, vc, a->kv_type == GGML_TYPE_F16, dnpos, dbtoff, dbt, n_rows,
                                      a->n_head, a->n_head_kv, a->head_dim, a->block_size, a->scale,
                                      c->stream),
@@ -530,7 +582,7 @@ static int cuda_embed(backend *b, float *out, const backend_weight *tab, const i
     if (use(c, err)) return -1;
     void *dids;
     meta_part parts[] = {{ids, (size_t)T * sizeof(int32_t), &dids}};
-    if (meta_upload(c, parts, 1, err)) return -1;
+    if (meta_upload(c, MK_IDS, parts, 1, err)) return -1;
     return launched(c, cuk_embed(out, tab->data, tab->type, rb, tab->rows, tab->cols, dids, T, row0, c->stream),
                     "embed kernel", err);
 }
@@ -546,7 +598,7 @@ static int cuda_get_rows(backend *b, float *dst, const float *src, const int32_t
     if (use(c, err)) return -1;
     void *drows;
     meta_part parts[] = {{rows, (size_t)n_rows * sizeof(int32_t), &drows}};
-    if (meta_upload(c, parts, 1, err)) return -1;
+    if (meta_upload(c, MK_ROWS, parts, 1, err)) return -1;
     return launched(c, cuk_get_rows(dst, src, drows, n_rows, n, c->stream), "get_rows kernel", err);
 }
 
@@ -644,6 +696,14 @@ backend *backend_cuda_new(int device, st_err *err) {
 int backend_cuda_set_half_gemm(backend *b, int on, st_err *err) {
     if (!b || b->ops != &cuda_ops) return st_errf(err, "backend_cuda_set_half_gemm: not a CUDA backend");
     CB(b)->half_gemm = on != 0;
+    return 0;
+}
+
+int backend_cuda_meta_stats(const backend *b, unsigned long long *copies, unsigned long long *reused) {
+    if (!b || b->ops != &cuda_ops) return -1;
+    const cuda_be *c = b->impl;
+    if (copies) *copies = c->meta_copies;
+    if (reused) *reused = c->meta_reused;
     return 0;
 }
 

@@ -54,4 +54,10 @@ int backend_cuda_set_half_gemm(backend *b, int on, st_err *err);
  * converted activations, op metadata), which buf_bytes does not count. */
 size_t backend_cuda_scratch_bytes(const backend *b);
 
+/* Op metadata uploads through the pinned ring so far: copies made, and
+ * uploads that re-used the device bytes of an identical earlier one of the
+ * same kind (every layer's positions, slots and block tables). -1 when b is
+ * not a CUDA backend. */
+int backend_cuda_meta_stats(const backend *b, unsigned long long *copies, unsigned long long *reused);
+
 #endif

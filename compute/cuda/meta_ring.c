@@ -26,6 +26,20 @@ int meta_ring_init(meta_ring *r, size_t seg_bytes, int n_segs, const meta_ring_o
     return 0;
 }
 
+meta_ring_ref meta_ring_ref_of(const meta_ring *r, int64_t at, size_t bytes) {
+    meta_ring_ref ref = {.at = -1};
+    if (at < 0 || r->seg_bytes == 0) return ref;
+    ref.at = at;
+    ref.bytes = bytes;
+    ref.seg = (int)((size_t)at / r->seg_bytes);
+    ref.opened = r->opened[ref.seg];
+    return ref;
+}
+
+bool meta_ring_still_has(const meta_ring *r, const meta_ring_ref *ref) {
+    return ref && ref->at >= 0 && ref->seg >= 0 && ref->seg < r->n_segs && r->opened[ref->seg] == ref->opened;
+}
+
 int64_t meta_ring_take(meta_ring *r, size_t n, st_err *err) {
     const size_t need = meta_ring_aligned(n);
     if (need > r->seg_bytes)
@@ -36,6 +50,7 @@ int64_t meta_ring_take(meta_ring *r, size_t n, st_err *err) {
         r->closes++;
         r->cur = (r->cur + 1) % r->n_segs;
         r->off = 0;
+        r->opened[r->cur]++;
     }
     /* Outside the branch: a wait that failed is made again at the next take. */
     if (r->pending[r->cur]) {

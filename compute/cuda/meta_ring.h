@@ -46,6 +46,7 @@ typedef struct meta_ring {
     int cur;       /* the segment takes come from */
     size_t off;    /* next free byte in it */
     bool pending[META_RING_MAX_SEGS]; /* recorded, not yet waited for */
+    uint64_t opened[META_RING_MAX_SEGS]; /* times each segment was (re)opened */
     uint64_t takes, closes, waits;    /* counters (tests, stats) */
 } meta_ring;
 
@@ -56,6 +57,22 @@ int meta_ring_init(meta_ring *r, size_t seg_bytes, int n_segs, const meta_ring_o
  * with err when n exceeds a segment or a record/wait failed. n = 0 takes
  * META_RING_ALIGN bytes. */
 int64_t meta_ring_take(meta_ring *r, size_t n, st_err *err);
+/* An earlier take, to re-use its bytes (the same metadata again: the
+ * positions of every layer's rope, say) without a new copy. */
+typedef struct meta_ring_ref {
+    int64_t at;      /* offset; -1 = none */
+    size_t bytes;
+    int seg;
+    uint64_t opened; /* the segment's opened count when taken */
+} meta_ring_ref;
+
+/* The reference of the take that returned `at` (call right after it). */
+meta_ring_ref meta_ring_ref_of(const meta_ring *r, int64_t at, size_t bytes);
+/* Whether ref's bytes are still in the ring as they were taken: their
+ * segment has not been reopened since (so neither the host bytes nor the
+ * device copy of them were overwritten). */
+bool meta_ring_still_has(const meta_ring *r, const meta_ring_ref *ref);
+
 /* Rounds n up to META_RING_ALIGN (what a take of n uses). */
 size_t meta_ring_aligned(size_t n);
 /* A segment size for metadata of up to max_op_bytes per op (rounded up, at least 1 MiB). */

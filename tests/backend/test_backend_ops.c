@@ -69,6 +69,7 @@ static void to_host(tctx *t, void *host, const void *d, size_t bytes) {
 }
 static void rel(tctx *t, void *d) { t->be->ops->release(t->be, d); }
 
+
 /* Max |a - b| over n, and where. */
 static double max_diff(const float *a, const double *b, size_t n, size_t *at) {
     double m = 0;
@@ -301,6 +302,51 @@ static void rope_case(tctx *t, int n_rot, int with_ff) {
     }
     rel(t, dx);
 }
+
+#ifdef STRATA_HAVE_CUDA
+/* The CUDA backend's metadata ring re-uses an identical upload of the same
+ * kind (no copy) and never serves stale positions: rope with the same
+ * positions twice (one copy, one re-use), then with the same host array
+ * changed in place (a new copy), each checked against the formula. */
+static void rope_ref(double *ref, const float *x, const int32_t *pos, int T, int HD) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < HD; i += 2) {
+            const double th = pos[t] * pow(10000.0, -(double)i / HD);
+            const double x0 = x[t * HD + i], x1 = x[t * HD + i + 1];
+            ref[t * HD + i] = x0 * cos(th) - x1 * sin(th);
+            ref[t * HD + i + 1] = x0 * sin(th) + x1 * cos(th);
+        }
+}
+
+static void test_meta_reuse(void) {
+    enum { T = 4, HD = 8 };
+    st_err err;
+    backend *be = backend_cuda_new(0, &err);
+    REQUIRE_MSG(be, "%s", err.msg);
+    tctx t = {.be = be, .label = "cuda meta ring"};
+    int32_t pos[T] = {0, 1, 2, 3};
+    float x[T * HD], y[T * HD];
+    double ref[T * HD];
+    for (int i = 0; i < T * HD; i++) x[i] = frand();
+    unsigned long long c0, r0, c1, r1;
+    REQUIRE(backend_cuda_meta_stats(be, &c0, &r0) == 0);
+    for (int round = 0; round < 3; round++) {
+        if (round == 2)
+            for (int i = 0; i < T; i++) pos[i] += 7; /* same array, new content */
+        float *dx = dev_from(&t, x, sizeof x);
+        CHECK_EQ_INT(be->ops->rope(be, dx, T, 1, HD, HD, pos, 10000.0f, NULL, &err), 0);
+        to_host(&t, y, dx, sizeof y);
+        rope_ref(ref, x, pos, T, HD);
+        size_t at;
+        double d = max_diff(y, ref, T * HD, &at);
+        CHECK_MSG(d <= 1e-4, "meta ring round %d: rope |diff| %g at %zu", round, d, at);
+        rel(&t, dx);
+    }
+    REQUIRE(backend_cuda_meta_stats(be, &c1, &r1) == 0);
+    CHECK_MSG(c1 - c0 == 2 && r1 - r0 == 1, "meta ring: %llu copies, %llu re-used (want 2, 1)", c1 - c0, r1 - r0);
+    backend_free(be);
+}
+#endif
 
 static void test_rope(tctx *t) {
     rope_case(t, 16, 0);
@@ -610,6 +656,7 @@ int main(int argc, char **argv) {
         printf("SKIP: test_backend_ops cuda: no CUDA device\n");
         return 77;
     }
+    test_meta_reuse();
     {
         comm_nccl_group *g = comm_nccl_group_new(1, &err);
         REQUIRE_MSG(g, "%s", err.msg);

@@ -133,7 +133,36 @@ static void test_errors(void) {
     CHECK_EQ_INT(meta_ring_seg_bytes_for((3 << 20) + 1), (3 << 20) + META_RING_ALIGN);
 }
 
+/* A reference to an earlier take stays valid until its segment is reopened. */
+static void test_refs(void) {
+    fake_gpu g = {0};
+    meta_ring r;
+    st_err err;
+    REQUIRE(meta_ring_init(&r, SEG, NSEG, &fops, &g, &err) == 0);
+    int64_t a = meta_ring_take(&r, 100, &err);
+    meta_ring_ref ra = meta_ring_ref_of(&r, a, 100);
+    CHECK_EQ_INT(ra.seg, 0);
+    CHECK(meta_ring_still_has(&r, &ra));
+    /* Segments 1, 2 and then 3 keep segment 0 (and ra) untouched. */
+    CHECK_EQ_INT(meta_ring_take(&r, SEG, &err), SEG);
+    CHECK_EQ_INT(meta_ring_take(&r, SEG, &err), 2 * SEG);
+    CHECK(meta_ring_still_has(&r, &ra));
+    int64_t b = meta_ring_take(&r, 1024, &err);
+    CHECK_EQ_INT(b, 3 * SEG);
+    meta_ring_ref rb = meta_ring_ref_of(&r, b, 1024);
+    CHECK_EQ_INT(rb.seg, 3);
+    CHECK(meta_ring_still_has(&r, &ra));
+    /* The wrap reopens segment 0: ra is gone, rb stays. */
+    REQUIRE(meta_ring_take(&r, SEG, &err) == 0);
+    CHECK(!meta_ring_still_has(&r, &ra));
+    CHECK(meta_ring_still_has(&r, &rb));
+    meta_ring_ref none = meta_ring_ref_of(&r, -1, 0);
+    CHECK(!meta_ring_still_has(&r, &none));
+    CHECK(!meta_ring_still_has(&r, NULL));
+}
+
 int main(void) {
+    test_refs();
     test_first_pass_no_wait();
     test_many_wraps();
     test_errors();
