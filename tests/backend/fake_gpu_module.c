@@ -11,7 +11,8 @@
  * "fake:PID" (one GPU per process). With STRATA_FAKE_GPU_P2P=1 it has a
  * point-to-point (backend_p2p_ops) in place of NCCL's: a stream socket in
  * the abstract Unix namespace named by the unique id (rank 0 listens, rank 1
- * connects), every transfer logged as "fake-gpu: p2p send|recv BYTES".
+ * connects), every transfer logged as "fake-gpu: p2p send|recv BYTES";
+ * STRATA_FAKE_GPU_P2P_FAIL_AT=N makes the N-th send fail ("injected").
  * Loaded through STRATA_BACKEND_PATH. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -188,6 +189,12 @@ static int p2p_xfer(backend_p2p *p, bool send, void *buf, size_t bytes, double t
 
 static int p2p_send(backend_p2p *p, const void *dev, size_t bytes, double timeout_s, st_err *err)
 {
+    static atomic_int sends;
+    const char *fail = getenv("STRATA_FAKE_GPU_P2P_FAIL_AT");
+    if (fail && atoi(fail) == atomic_fetch_add(&sends, 1) + 1) {
+        fprintf(stderr, "fake-gpu: p2p send %zu failed (injected)\n", bytes);
+        return st_errf(err, "fake p2p send: injected failure");
+    }
     return p2p_xfer(p, true, (void *)dev, bytes, timeout_s, err);
 }
 static int p2p_recv(backend_p2p *p, void *dev, size_t bytes, double timeout_s, st_err *err)

@@ -29,6 +29,11 @@ MODE
             the communicator (rank 0 and 1), and then every decode step's rows
             go over it (as many sends on stage 0 as receives on stage 1, no
             ACTIVATIONS payload over UCX) with the reference tokens
+  p2p-fail  the same, the 5th send failing (STRATA_FAKE_GPU_P2P_FAIL_AT=5,
+            STRATA_NCCL_TIMEOUT_S=3): stage 0 logs "nccl failed ... the next
+            batches go over UCX" and sends no more rows over it, stage 1's
+            receive gives up at its deadline (no hang) and logs it, the failed
+            batch is retried, and the reference tokens come back
   offers    one worker holding stage 1 of 2, offers from rogue_peer: a
             128-byte id arrives byte-exact; a 127-byte and a 129-byte id, a
             boundary the worker is not on and an epoch older than its stage
@@ -49,6 +54,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -128,6 +134,37 @@ def mode_pinned(args):
                   % (i, lives[-1] if lives else "?"))
     finally:
         os.environ.pop("STRATA_BACKEND_PATH", None)
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def mode_p2p_fail(args):
+    refs = load_ref(args, "stories260K-greedy.json")[:2]
+    want = [r["completion_tokens"][:32] for r in refs]
+    env = {"STRATA_BACKEND_PATH": args.fake_gpu, "STRATA_FAKE_GPU_P2P": "1", "STRATA_FAKE_GPU_P2P_FAIL_AT": "5",
+           "STRATA_NCCL_TIMEOUT_S": "3"}
+    os.environ.update(env)
+    cl = Cluster(args, [{"tp": 1, "cfg": ["backend = cuda"]}, {"tp": 1, "cfg": ["backend = cuda"]}])
+    try:
+        check(cl.start(), "a PP 2 cluster of two (fake) GPU stages with a point-to-point starts")
+        up = lambda: all("nccl communicator up (rank %d)" % i in logs(cl, i) for i in (0, 1))  # noqa: E731
+        check(wait_for(up, 30), "both stages joined the boundary's communicator")
+        t0 = time.monotonic()
+        got = ref_tokens(cl, refs)
+        check(got == want, "the reference tokens despite the failed send (%.1f s)" % (time.monotonic() - t0))
+        w0, w1 = logs(cl, 0), logs(cl, 1)
+        check(re.search(r"fake-gpu: p2p send \d+ failed \(injected\)", w0), "the 5th send failed")
+        check(re.search(r"boundary 0->1: nccl failed: .*injected failure; the next batches go over UCX", w0),
+              "stage 0 logs the failure and goes back to UCX")
+        check(re.search(r"boundary 0->1: nccl failed: .*fake p2p recv: timed out", w1),
+              "stage 1's receive gave up at its deadline and logs it")
+        sends = re.findall(r"fake-gpu: p2p send \d+$", w0, re.M)
+        check(len(sends) == 4, "no rows over the link after the failure (%d sends before it)" % len(sends))
+        check(ref_tokens(cl, refs) == want, "the reference tokens again, over UCX")
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
         if FAILS:
             cl.dump_logs()
         cl.kill()
@@ -238,7 +275,7 @@ def mode_offers(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["auto", "nccl", "pinned", "p2p", "offers"])
+    ap.add_argument("mode", choices=["auto", "nccl", "pinned", "p2p", "p2p-fail", "offers"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--rogue", required=True)
@@ -253,6 +290,8 @@ def main():
         mode_pinned(args)
     elif args.mode == "p2p":
         mode_p2p(args)
+    elif args.mode == "p2p-fail":
+        mode_p2p_fail(args)
     else:
         pp2(args, args.mode == "nccl")
     print("%s: %s" % (args.mode, "FAIL (%d)" % len(FAILS) if FAILS else "ok"))
