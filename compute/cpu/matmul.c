@@ -266,6 +266,21 @@ static void run_pack(void *p, int ith, int nth) {
  * of MR), the level's micro-kernel over MR-row groups (outer: a group's rows
  * stay in L1) and token tiles (inner); partial sums stay in cbuf between
  * column tiles, so each output is one sequential FMA sum over k. */
+/* Prefetches rows [r, r + nr) ∩ [0, n_hi), columns [k0, k0 + kc) of W: the
+ * next weight tile, a few rows per micro-kernel call, so that its
+ * conversion does not wait on DRAM (a tile's short row pieces are too
+ * scattered for the hardware prefetcher). */
+static void prefetch_tile_rows(const cpu_gemm_args *a, int64_t r, int64_t nr, int64_t n_hi, int64_t k0, int64_t kc) {
+    if (r + nr > n_hi) nr = n_hi - r;
+    if (nr <= 0 || k0 >= a->K) return;
+    if (k0 + kc > a->K) kc = a->K - k0;
+    const size_t off = ggml_row_bytes(a->wtype, k0), len = ggml_row_bytes(a->wtype, kc);
+    for (int64_t i = 0; i < nr; i++) {
+        const char *p = (const char *)a->w + (size_t)(r + i) * a->rb + off;
+        for (size_t b = 0; b < len + 63; b += 64) __builtin_prefetch(p + b, 0, 3);
+    }
+}
+
 static void gemm_rows(const cpu_kernels *kn, const cpu_gemm_args *a, int64_t n_lo, int64_t n_hi, float *wc,
                       float *cbuf) {
     const int64_t K = a->K, Tp = a->Tp;
@@ -276,11 +291,16 @@ static void gemm_rows(const cpu_kernels *kn, const cpu_gemm_args *a, int64_t n_l
             const int64_t kc = K - k0 < CPU_GEMM_KC ? K - k0 : CPU_GEMM_KC;
             kn->to_f32(a->wtype, a->w + (size_t)nb0 * a->rb, a->rb, nb, k0, kc, wc, kc);
             memset(wc + nb * kc, 0, sizeof(float) * (size_t)((nbp - nb) * kc));
-            for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR)
+            /* The next tile: the next columns of these rows, or the next rows' first columns. */
+            const int64_t pn0 = k0 + CPU_GEMM_KC < K ? nb0 : nb0 + CPU_GEMM_NB;
+            const int64_t pk0 = k0 + CPU_GEMM_KC < K ? k0 + CPU_GEMM_KC : 0;
+            for (int64_t m0 = 0; m0 < nbp; m0 += CPU_GEMM_MR) {
+                prefetch_tile_rows(a, pn0 + m0, CPU_GEMM_MR, n_hi, pk0, CPU_GEMM_KC);
                 for (int64_t t0 = 0; t0 < Tp; t0 += kn->gemm_tokens) {
                     const int nt = Tp - t0 < kn->gemm_tokens ? (int)(Tp - t0) : kn->gemm_tokens;
                     kn->micro(kc, wc + m0 * kc, kc, a->xp + k0 * Tp + t0, Tp, cbuf + m0 * Tp + t0, Tp, k0 == 0, nt);
                 }
+            }
         }
         for (int64_t t = 0; t < a->T; t++) {
             float *yt = a->y + t * a->N + nb0;
