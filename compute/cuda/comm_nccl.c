@@ -17,7 +17,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "compute/cuda/nccl_guard.h"
+#include "compute/cuda/nccl_guard_cuda.h"
 
 typedef struct {
     comm c; /* first member: a comm* is an nccl_rank* */
@@ -37,40 +37,6 @@ struct comm_nccl_group {
 };
 
 static const comm_ops nccl_ops;
-
-/* ---- the guard's NCCL calls ---- */
-
-static nccl_poll real_comm_state(void *comm, char *why, size_t n) {
-    ncclComm_t nc = comm;
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(nc, &state);
-    if (r != ncclSuccess) state = r;
-    if (state == ncclSuccess) return NCCL_POLL_DONE;
-    if (state == ncclInProgress) return NCCL_POLL_PENDING;
-    const char *last = ncclGetLastError(nc);
-    snprintf(why, n, "%s%s%s", ncclGetErrorString(state), last && *last ? ": " : "", last && *last ? last : "");
-    return NCCL_POLL_FAILED;
-}
-
-static void real_comm_abort(void *comm) { ncclCommAbort((ncclComm_t)comm); }
-
-static const nccl_guard_ops real_guard_ops = {real_comm_state, real_comm_abort, nccl_guard_now_s, nccl_guard_pause};
-
-static nccl_poll event_poll(void *ctx, char *why, size_t n) {
-    cudaError_t e = cudaEventQuery((cudaEvent_t)ctx);
-    if (e == cudaSuccess) return NCCL_POLL_DONE;
-    if (e == cudaErrorNotReady) return NCCL_POLL_PENDING;
-    snprintf(why, n, "CUDA: %s", cudaGetErrorString(e));
-    return NCCL_POLL_FAILED;
-}
-
-static nccl_poll launched(ncclResult_t r, char *why, size_t n, ncclComm_t nc) {
-    if (r == ncclSuccess) return NCCL_POLL_DONE;
-    if (r == ncclInProgress) return NCCL_POLL_PENDING;
-    const char *last = nc ? ncclGetLastError(nc) : NULL;
-    snprintf(why, n, "%s%s%s", ncclGetErrorString(r), last && *last ? ": " : "", last && *last ? last : "");
-    return NCCL_POLL_FAILED;
-}
 
 /* The rank's state after a guarded call: a failed guard marks the comm failed. */
 static int settle(nccl_rank *h, int rc) {
@@ -104,12 +70,12 @@ static int begin(nccl_rank *h, const char *what, st_err *err) {
  * under the deadline, for NCCL to take it and for the stream to run it. */
 static int finish(nccl_rank *h, const char *what, ncclResult_t r, st_err *err) {
     char why[200] = "";
-    nccl_poll l = launched(r, why, sizeof why, h->nc);
+    nccl_poll l = nccl_guard_launched(r, h->nc, why, sizeof why);
     if (l != NCCL_POLL_FAILED) {
         cudaError_t e = cudaEventRecord(h->done_ev, h->stream);
         if (e != cudaSuccess) return cuda_fail(h, err, what, e);
     }
-    return settle(h, nccl_guard_wait(&h->guard, what, l, why, event_poll, h->done_ev, err));
+    return settle(h, nccl_guard_wait(&h->guard, what, l, why, nccl_guard_event_poll, h->done_ev, err));
 }
 
 static int nccl_all_reduce_sum(comm *c, void *buf, size_t count, enum comm_dtype dtype, st_err *err) {
@@ -197,7 +163,7 @@ int comm_nccl_all_reduce_on(comm *c, void *buf, size_t count, enum comm_dtype dt
         ncclResult_t r = ncclAllReduce(buf, buf, count, dtype == COMM_F32 ? ncclFloat32 : ncclBfloat16, ncclSum,
                                        h->nc, h->stream);
         char why[200] = "";
-        nccl_poll l = launched(r, why, sizeof why, h->nc);
+        nccl_poll l = nccl_guard_launched(r, h->nc, why, sizeof why);
         /* Enqueued (ncclSuccess): nothing to wait for on the host. In
          * progress or failed: the guard waits for NCCL or aborts. */
         if (l != NCCL_POLL_DONE) rc = settle(h, nccl_guard_wait(&h->guard, "all_reduce", l, why, NULL, NULL, err));
@@ -218,7 +184,7 @@ int comm_nccl_wait_event(comm *c, void *event, const char *what, st_err *err) {
     cudaError_t e = cudaEventQuery((cudaEvent_t)event);
     if (e == cudaSuccess && !h->guard.aborted) return 0;
     if (e != cudaSuccess && e != cudaErrorNotReady) return cuda_fail(h, err, what, e);
-    return settle(h, nccl_guard_wait(&h->guard, what, NCCL_POLL_DONE, NULL, event_poll, event, err));
+    return settle(h, nccl_guard_wait(&h->guard, what, NCCL_POLL_DONE, NULL, nccl_guard_event_poll, event, err));
 }
 
 void comm_nccl_set_timeout(comm *c, double seconds) {
@@ -262,7 +228,7 @@ comm_nccl_group *comm_nccl_group_new_on(int n_devices, const int *devices, st_er
         h->device = devices ? devices[i] : i;
         char name[48];
         snprintf(name, sizeof name, "rank %d of %d, device %d", i, n_devices, h->device);
-        nccl_guard_init(&h->guard, &real_guard_ops, NULL, init_timeout, &g->failed, name);
+        nccl_guard_init(&h->guard, &nccl_guard_real_ops, NULL, init_timeout, &g->failed, name);
         h->guard.deadline_var = "STRATA_NCCL_INIT_TIMEOUT_S";
     }
     /* Streams, events and the barrier's scratch first: nothing of NCCL yet. */
@@ -309,7 +275,7 @@ comm_nccl_group *comm_nccl_group_new_on(int n_devices, const int *devices, st_er
         h->guard.comm = h->nc;
         char why[200] = "";
         ncclResult_t ri = rs[i] != ncclSuccess ? rs[i] : rg;
-        nccl_poll l = launched(ri, why, sizeof why, NULL);
+        nccl_poll l = nccl_guard_launched(ri, NULL, why, sizeof why);
         if (!h->nc && l != NCCL_POLL_FAILED) {
             l = NCCL_POLL_FAILED;
             snprintf(why, sizeof why, "ncclCommInitRankConfig gave no communicator");
@@ -352,7 +318,7 @@ void comm_nccl_group_free(comm_nccl_group *g) {
             continue;
         }
         char why[200] = "";
-        nccl_poll l = launched(ncclCommFinalize(h->nc), why, sizeof why, h->nc);
+        nccl_poll l = nccl_guard_launched(ncclCommFinalize(h->nc), h->nc, why, sizeof why);
         st_err e2;
         if (settle(h, nccl_guard_wait(&h->guard, "finalize", l, why, NULL, NULL, &e2)))
             ST_WARN("%s", e2.msg);

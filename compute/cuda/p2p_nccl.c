@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compute/cuda/nccl_guard.h"
+#include "compute/cuda/nccl_guard_cuda.h"
 
 struct backend_p2p {
     ncclComm_t nc;
@@ -20,42 +20,6 @@ struct backend_p2p {
     int rank, device;
     nccl_guard guard;
 };
-
-/* ---- the guard's NCCL calls ---- */
-
-static nccl_poll comm_state(void *comm, char *why, size_t n)
-{
-    ncclComm_t nc = comm;
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(nc, &state);
-    if (r != ncclSuccess) state = r;
-    if (state == ncclSuccess) return NCCL_POLL_DONE;
-    if (state == ncclInProgress) return NCCL_POLL_PENDING;
-    const char *last = ncclGetLastError(nc);
-    snprintf(why, n, "%s%s%s", ncclGetErrorString(state), last && *last ? ": " : "", last && *last ? last : "");
-    return NCCL_POLL_FAILED;
-}
-
-static void comm_abort(void *comm) { ncclCommAbort((ncclComm_t)comm); }
-
-static const nccl_guard_ops guard_ops = {comm_state, comm_abort, nccl_guard_now_s, nccl_guard_pause};
-
-static nccl_poll event_poll(void *ctx, char *why, size_t n)
-{
-    cudaError_t e = cudaEventQuery((cudaEvent_t)ctx);
-    if (e == cudaSuccess) return NCCL_POLL_DONE;
-    if (e == cudaErrorNotReady) return NCCL_POLL_PENDING;
-    snprintf(why, n, "CUDA: %s", cudaGetErrorString(e));
-    return NCCL_POLL_FAILED;
-}
-
-static nccl_poll launched(ncclResult_t r, char *why, size_t n)
-{
-    if (r == ncclSuccess) return NCCL_POLL_DONE;
-    if (r == ncclInProgress) return NCCL_POLL_PENDING;
-    snprintf(why, n, "%s", ncclGetErrorString(r));
-    return NCCL_POLL_FAILED;
-}
 
 /* After a guarded wait: an aborted communicator is gone (abort freed it). */
 static int settle(backend_p2p *p, int rc)
@@ -82,7 +46,7 @@ static void p2p_close(backend_p2p *p)
     if (p->nc) {
         /* finalize flushes what is queued; the guard aborts it past the deadline */
         char why[200] = "";
-        nccl_poll l = launched(ncclCommFinalize(p->nc), why, sizeof why);
+        nccl_poll l = nccl_guard_launched(ncclCommFinalize(p->nc), p->nc, why, sizeof why);
         st_err e;
         if (settle(p, nccl_guard_wait(&p->guard, "finalize", l, why, NULL, NULL, &e)) == 0 && p->nc)
             ncclCommDestroy(p->nc);
@@ -102,7 +66,7 @@ static backend_p2p *p2p_open(const uint8_t *id, int rank, int device, double tim
     p->device = device;
     char name[48];
     snprintf(name, sizeof name, "p2p rank %d (device %d)", rank, device);
-    nccl_guard_init(&p->guard, &guard_ops, NULL, timeout_s, NULL, name);
+    nccl_guard_init(&p->guard, &nccl_guard_real_ops, NULL, timeout_s, NULL, name);
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&p->done_ev, cudaEventDisableTiming);
@@ -117,7 +81,7 @@ static backend_p2p *p2p_open(const uint8_t *id, int rank, int device, double tim
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* the init and every call return at once; the guard polls */
     char why[200] = "";
-    nccl_poll l = launched(ncclCommInitRankConfig(&p->nc, 2, uid, rank, &cfg), why, sizeof why);
+    nccl_poll l = nccl_guard_launched(ncclCommInitRankConfig(&p->nc, 2, uid, rank, &cfg), NULL, why, sizeof why);
     if (!p->nc && l != NCCL_POLL_FAILED) {
         l = NCCL_POLL_FAILED;
         snprintf(why, sizeof why, "ncclCommInitRankConfig gave no communicator");
@@ -145,7 +109,7 @@ static int p2p_xfer(backend_p2p *p, bool send, void *dev, size_t bytes, double t
     if (e == cudaSuccess)
         r = send ? ncclSend(dev, bytes, ncclUint8, 1 - p->rank, p->nc, p->stream)
                  : ncclRecv(dev, bytes, ncclUint8, 1 - p->rank, p->nc, p->stream);
-    nccl_poll l = e != cudaSuccess ? NCCL_POLL_FAILED : launched(r, why, sizeof why);
+    nccl_poll l = e != cudaSuccess ? NCCL_POLL_FAILED : nccl_guard_launched(r, p->nc, why, sizeof why);
     if (e != cudaSuccess) snprintf(why, sizeof why, "CUDA: %s", cudaGetErrorString(e));
     if (l != NCCL_POLL_FAILED && (e = cudaEventRecord(p->done_ev, p->stream)) != cudaSuccess) {
         l = NCCL_POLL_FAILED;
@@ -153,7 +117,7 @@ static int p2p_xfer(backend_p2p *p, bool send, void *dev, size_t bytes, double t
     }
     if (e != cudaSuccess) cudaGetLastError();
     p->guard.timeout_s = timeout_s;
-    return settle(p, nccl_guard_wait(&p->guard, what, l, why, event_poll, p->done_ev, err));
+    return settle(p, nccl_guard_wait(&p->guard, what, l, why, nccl_guard_event_poll, p->done_ev, err));
 }
 
 static int p2p_send(backend_p2p *p, const void *dev, size_t bytes, double timeout_s, st_err *err)

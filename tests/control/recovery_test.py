@@ -260,15 +260,22 @@ def kill_mid_stream(cl, rs, base, label, hang=False, fail=False):
 
 # ---------------------------------------------------------------------- modes
 
+def serve_with_spare(cl):
+    """w-a, w-b serve (PP 2); w-c registers afterwards as a spare. False when they do not serve."""
+    cl.start_worker("w-a")
+    cl.start_worker("w-b")
+    if not check(wait_for(cl.serving, 120, 0.1), "w-a, w-b serve"):
+        return False
+    cl.start_worker("w-c")
+    check(wait_for(lambda: cl.nodes()["w-c"].state == pb.NODE_STATE_READY, 60), "the spare w-c is ready")
+    return True
+
+
 def mode_spare(args):
     cl = Live(args, 2)
     try:
-        cl.start_worker("w-a")
-        cl.start_worker("w-b")
-        if not check(wait_for(cl.serving, 120, 0.1), "w-a, w-b serve"):
+        if not serve_with_spare(cl):
             return cl
-        cl.start_worker("w-c")
-        check(wait_for(lambda: cl.nodes()["w-c"].state == pb.NODE_STATE_READY, 60), "the spare w-c is ready")
         pl = cl.placement().current
         check(len(pl.stages) == 2 and "w-c" not in [s.node for s in pl.stages], "w-c holds no stage: %s" % stage_str(pl))
         rs = refs(args)
@@ -283,12 +290,8 @@ def mode_spare(args):
 def mode_stop(args):
     cl = Live(args, 2)
     try:
-        cl.start_worker("w-a")
-        cl.start_worker("w-b")
-        if not check(wait_for(cl.serving, 120, 0.1), "w-a, w-b serve"):
+        if not serve_with_spare(cl):
             return cl
-        cl.start_worker("w-c")
-        check(wait_for(lambda: cl.nodes()["w-c"].state == pb.NODE_STATE_READY, 60), "the spare w-c is ready")
         rs = refs(args)
         base = baseline(cl, rs)
         victim = cl.placement().current.stages[1].node
@@ -317,12 +320,8 @@ def mode_stop(args):
 def mode_commfail(args):
     cl = Live(args, 2)
     try:
-        cl.start_worker("w-a")
-        cl.start_worker("w-b")
-        if not check(wait_for(cl.serving, 120, 0.1), "w-a, w-b serve"):
+        if not serve_with_spare(cl):
             return cl
-        cl.start_worker("w-c")
-        check(wait_for(lambda: cl.nodes()["w-c"].state == pb.NODE_STATE_READY, 60), "the spare w-c is ready")
         rs = refs(args)
         base = baseline(cl, rs)
         kill_mid_stream(cl, rs, base, "commfail", fail=True)
