@@ -40,6 +40,7 @@
 #include "coordinator/api/http_api.h"
 #include "coordinator/config/cluster_config.h"
 #include "coordinator/control/control_service.h"
+#include "coordinator/control/leader.h"
 #include "coordinator/lifecycle.h"
 #include "coordinator/serve/cluster.h"
 #include "model/gguf.h"
@@ -104,7 +105,16 @@ static void usage(FILE *f) {
             "  --dead-node-expiry S  remove a dead node's record after S seconds (0: never; 0)\n"
             "  --recovery-timeout S  after a lost stage, hold requests this long for a new placement\n"
             "                      (static mode too: for the stage's worker to come back)\n"
-            "                      (60; overrides [cluster] recovery_timeout; docs/recovery.md)\n");
+            "                      (60; overrides [cluster] recovery_timeout; docs/recovery.md)\n"
+            "high availability (two or more coordinators on etcd; docs/recovery.md):\n"
+            "  --etcd URL[,URL...] keep the state in etcd (instead of --state) and elect a leader;\n"
+            "                      standbys answer 503 / UNAVAILABLE naming it (http://127.0.0.1:2379)\n"
+            "  --etcd-prefix P     the cluster's keys in etcd (/strata/default)\n"
+            "  --leader-ttl S      the leader's lease: a standby takes over within S seconds (3)\n"
+            "  --advertise-http U  the leader record's HTTP URL (http://LISTEN-HOST:PORT)\n"
+            "  --advertise-grpc H:P  the leader record's gRPC address (--grpc-listen)\n"
+            "  --etcd-cacert F     CA of etcd's certificate (https:// endpoints)\n"
+            "  --etcd-cert F --etcd-key F  client certificate for etcd\n");
 }
 
 /* The command line. */
@@ -121,6 +131,9 @@ typedef struct coord_opts {
     bool insecure;
     long heartbeat_ms, dead_after_ms, min_workers;
     double dead_node_expiry; /* s; 0 = never */
+    const char *etcd, *etcd_prefix, *advertise_http, *advertise_grpc; /* --etcd: high availability */
+    const char *etcd_cacert, *etcd_cert, *etcd_key;
+    double leader_ttl;
     /* HTTP API security: NULL / < 0 = the config's */
     const char *api_key_file, *tls_cert, *tls_key;
     bool protect_metrics;
@@ -140,6 +153,14 @@ enum {
     OPT_IDLE_TIMEOUT,
     OPT_MAX_REQUESTS_PER_KEY,
     OPT_DEAD_NODE_EXPIRY,
+    OPT_ETCD,
+    OPT_ETCD_PREFIX,
+    OPT_LEADER_TTL,
+    OPT_ADVERTISE_HTTP,
+    OPT_ADVERTISE_GRPC,
+    OPT_ETCD_CACERT,
+    OPT_ETCD_CERT,
+    OPT_ETCD_KEY,
 };
 
 /* A number in (lo, hi] from optarg, or -1 after a message. */
@@ -196,6 +217,14 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
                                           {"max-requests-per-key", required_argument, NULL,
                                            OPT_MAX_REQUESTS_PER_KEY},
                                           {"cluster-key-file", required_argument, NULL, 1001},
+                                          {"etcd", required_argument, NULL, OPT_ETCD},
+                                          {"etcd-prefix", required_argument, NULL, OPT_ETCD_PREFIX},
+                                          {"leader-ttl", required_argument, NULL, OPT_LEADER_TTL},
+                                          {"advertise-http", required_argument, NULL, OPT_ADVERTISE_HTTP},
+                                          {"advertise-grpc", required_argument, NULL, OPT_ADVERTISE_GRPC},
+                                          {"etcd-cacert", required_argument, NULL, OPT_ETCD_CACERT},
+                                          {"etcd-cert", required_argument, NULL, OPT_ETCD_CERT},
+                                          {"etcd-key", required_argument, NULL, OPT_ETCD_KEY},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int c;
@@ -280,6 +309,16 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
         case OPT_IDLE_TIMEOUT:
             if (opt_number("idle-timeout", optarg, 0, 86400, &o->idle_timeout) != 0) return 2;
             break;
+        case OPT_ETCD: o->etcd = optarg; break;
+        case OPT_ETCD_PREFIX: o->etcd_prefix = optarg; break;
+        case OPT_ADVERTISE_HTTP: o->advertise_http = optarg; break;
+        case OPT_ADVERTISE_GRPC: o->advertise_grpc = optarg; break;
+        case OPT_ETCD_CACERT: o->etcd_cacert = optarg; break;
+        case OPT_ETCD_CERT: o->etcd_cert = optarg; break;
+        case OPT_ETCD_KEY: o->etcd_key = optarg; break;
+        case OPT_LEADER_TTL:
+            if (opt_number("leader-ttl", optarg, 0.999, 3600, &o->leader_ttl) != 0) return 2;
+            break;
         case OPT_DEAD_NODE_EXPIRY:
             if (opt_number("dead-node-expiry", optarg, -1, 365 * 86400.0, &o->dead_node_expiry) != 0) return 2;
             break;
@@ -304,6 +343,10 @@ static int parse_opts(int argc, char **argv, coord_opts *o) {
     }
     if (!o->config_path || optind != argc) {
         usage(stderr);
+        return 2;
+    }
+    if (!o->live && o->etcd) {
+        fprintf(stderr, "strata-coordinator: --etcd needs --live (high availability of the live control plane)\n");
         return 2;
     }
     if (!o->live && (o->grpc_ca || o->grpc_cert || o->grpc_key)) {
@@ -383,6 +426,23 @@ static int start_engine(struct event_base *base, const coord_opts *o, coord_conf
                        .ready_timeout_s = o->ready_timeout,
                        .recovery_timeout_s = o->recovery_timeout > 0 ? o->recovery_timeout
                                                                      : cfg->recovery_timeout_s};
+        /* High availability: the leader record names where clients and
+         * workers find this coordinator once it leads. */
+        char adv_http[COORD_HOST_MAX + 40];
+        snprintf(adv_http, sizeof adv_http, strchr(cfg->http_host, ':') ? "%s://[%s]:%d" : "%s://%s:%d",
+                 (o->tls_cert || cfg->http_tls_cert) ? "https" : "http", cfg->http_host, cfg->http_port);
+        const char *adv_grpc = o->advertise_grpc ? o->advertise_grpc : o->grpc_listen;
+        leader_opts ha = {.etcd = o->etcd,
+                          .cacert = o->etcd_cacert,
+                          .cert = o->etcd_cert,
+                          .key = o->etcd_key,
+                          .insecure = o->insecure,
+                          .prefix = o->etcd_prefix ? o->etcd_prefix : "/strata/default",
+                          .ttl_s = o->leader_ttl > 0 ? o->leader_ttl : 3.0,
+                          .name = adv_grpc,
+                          .http = o->advertise_http ? o->advertise_http : adv_http,
+                          .grpc = adv_grpc};
+        if (o->etcd) lo.ha = &ha;
         own->ctl = ctl_create(base, &lo, err);
         if (!own->ctl) {
             fprintf(stderr, "strata-coordinator: %s\n", err->msg);

@@ -24,6 +24,7 @@
 
 #define SVC "/strata.v1.Control/"
 #define CALL_TIMEOUT_S 2.0
+#define COORD_MAX 8 /* --coordinator a,b,...: a leader and its standbys */
 
 typedef struct model_info {
     char *name; /* basename */
@@ -33,6 +34,10 @@ typedef struct model_info {
 
 struct reg_client {
     char *coordinator, *node, *data_address;
+    char *targets[COORD_MAX]; /* the coordinator list (pointers into `list`) */
+    char *list;
+    int n_targets, cur;       /* the one in use */
+    bool quiet;               /* a fail-over was logged; quiet until registered again */
     char *ca, *cert, *key; /* NULL: plaintext */
     char **paths;
     int n_models;
@@ -250,6 +255,31 @@ static void send_leave(reg_client *r, rpc_client *c, uint64_t lease, const char 
     protobuf_c_message_free_unpacked(out, NULL);
 }
 
+/* With several coordinators (a leader and standbys, docs/recovery.md): after
+ * a call that found no leader there (unreachable, or UNAVAILABLE from a
+ * standby, whose message names the leader "(gRPC HOST:PORT)"), moves to the
+ * leader it named when it is in the list, else to the next one. True when it
+ * moved (the caller registers there: leases are per coordinator). */
+static bool fail_over(reg_client *r, const rpc_status *st)
+{
+    if (r->n_targets < 2 || (st->code != RPC_UNAVAILABLE && st->code != RPC_DEADLINE_EXCEEDED)) return false;
+    int next = (r->cur + 1) % r->n_targets;
+    const char *named = strstr(st->msg, "(gRPC ");
+    if (named) {
+        named += 6;
+        size_t n = strcspn(named, ")");
+        for (int i = 0; i < r->n_targets; i++)
+            if (i != r->cur && strlen(r->targets[i]) == n && !strncmp(r->targets[i], named, n)) next = i;
+    }
+    if (!r->quiet)
+        ST_INFO("registration: coordinator %s: %s: %s; trying %s (and the others in turn until one leads)",
+                r->targets[r->cur], rpc_code_name(st->code), st->msg, r->targets[next]);
+    r->quiet = true;
+    r->cur = next;
+    r->coordinator = r->targets[next];
+    return true;
+}
+
 static void *reg_main(void *arg)
 {
     reg_client *r = arg;
@@ -262,11 +292,15 @@ static void *reg_main(void *arg)
     }
     st_err err = {{0}};
     rpc_tls tls = {r->ca, r->cert, r->key};
-    rpc_client *c = rpc_client_create(r->coordinator, r->ca ? &tls : NULL, &err);
-    if (!c) {
-        ST_ERROR("registration: %s", err.msg);
-        return NULL;
-    }
+    rpc_client *cs[COORD_MAX] = {0};
+    for (int i = 0; i < r->n_targets; i++)
+        if (!(cs[i] = rpc_client_create(r->targets[i], r->ca ? &tls : NULL, &err))) {
+            ST_ERROR("registration: %s", err.msg);
+            for (int j = 0; j < i; j++) rpc_client_destroy(cs[j]);
+            return NULL;
+        }
+    rpc_client *c = cs[0];
+    r->coordinator = r->targets[0];
     uint64_t lease = 0;
     uint32_t interval = 1000;
     double prev_busy = 0, prev_up = 0;
@@ -280,6 +314,11 @@ static void *reg_main(void *arg)
         if (!lease) {
             if (do_register(r, c, &lease, &interval, &st) != 0) {
                 lease = 0;
+                if (fail_over(r, &st)) {
+                    c = cs[r->cur];
+                    if (nap(r, 100)) break;
+                    continue;
+                }
                 if (st.code != RPC_UNAVAILABLE && st.code != RPC_DEADLINE_EXCEEDED) {
                     ST_ERROR("registration: Register refused: %s: %s", rpc_code_name(st.code), st.msg);
                     if (nap(r, 2000)) break;
@@ -295,6 +334,7 @@ static void *reg_main(void *arg)
                 continue;
             }
             warned = false;
+            r->quiet = false;
             pthread_mutex_lock(&r->mu);
             r->registered = 1;
             pthread_mutex_unlock(&r->mu);
@@ -321,6 +361,13 @@ static void *reg_main(void *arg)
             if (!warned) ST_WARN("registration: heartbeat: %s: %s", rpc_code_name(st.code), st.msg);
             warned = true;
             if (st.code == RPC_NOT_FOUND) lease = 0;
+            if (fail_over(r, &st)) { /* the new coordinator gives a new lease */
+                c = cs[r->cur];
+                lease = 0;
+                pthread_mutex_lock(&r->mu);
+                r->registered = 0;
+                pthread_mutex_unlock(&r->mu);
+            }
             continue;
         }
         warned = false;
@@ -338,7 +385,7 @@ static void *reg_main(void *arg)
     const char *reason = r->leave_reason;
     pthread_mutex_unlock(&r->mu);
     if (reason && lease) send_leave(r, c, lease, reason);
-    rpc_client_destroy(c);
+    for (int i = 0; i < r->n_targets; i++) rpc_client_destroy(cs[i]);
     return NULL;
 }
 
@@ -357,7 +404,7 @@ int reg_check_tls(const char *ca, const char *cert, const char *key, st_err *err
 static void reg_free(reg_client *r)
 {
     if (!r) return;
-    free(r->coordinator);
+    free(r->list);
     free(r->node);
     free(r->data_address);
     free(r->ca);
@@ -376,13 +423,26 @@ reg_client *reg_start(const reg_opts *o, st_err *err)
 {
     reg_client *r = calloc(1, sizeof *r);
     if (!r) return st_errf(err, "registration: out of memory"), NULL;
-    r->coordinator = strdup(o->coordinator);
+    r->list = strdup(o->coordinator);
+    char *save = NULL;
+    for (char *t = r->list ? strtok_r(r->list, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save)) {
+        if (r->n_targets == COORD_MAX) {
+            reg_free(r);
+            return st_errf(err, "--coordinator: at most %d addresses", COORD_MAX), NULL;
+        }
+        r->targets[r->n_targets++] = t;
+    }
+    if (r->list && !r->n_targets) {
+        reg_free(r);
+        return st_errf(err, "--coordinator: no address"), NULL;
+    }
+    r->coordinator = r->targets[0];
     r->node = strdup(o->node);
     r->data_address = strdup(o->data_address);
     r->memory_bytes = o->memory_bytes;
     r->paths = calloc((size_t)(o->n_models + 1), sizeof *r->paths);
     r->models = calloc((size_t)(o->n_models + 1), sizeof *r->models);
-    if (!r->coordinator || !r->node || !r->data_address || !r->paths || !r->models) goto oom;
+    if (!r->list || !r->node || !r->data_address || !r->paths || !r->models) goto oom;
     if (reg_check_tls(o->ca, o->cert, o->key, err) != 0) {
         reg_free(r);
         return NULL;

@@ -35,7 +35,8 @@
 typedef struct reg_client reg_client;
 
 typedef struct reg_opts {
-    const char *coordinator;   /* gRPC address "host:port" */
+    const char *coordinator;   /* gRPC address "host:port", or several, comma-separated (a leader
+                                * and its standbys: registration.c fail_over) */
     const char *node;          /* node name */
     const char *data_address;  /* data plane "host:port" */
     const char *const *models; /* model file paths */

@@ -702,8 +702,23 @@ static void on_request(struct evhttp_request *req, void *arg) {
         api->cur_access = NULL;
         return;
     }
+    /* A standby coordinator (--etcd) names the leader and serves only the
+     * probes (/livez 200, /readyz 503) and /metrics: clients retry, or go to
+     * the leader; it does not proxy (docs/recovery.md). */
+    char leader[256] = "";
+    bool standby = api->engine->ops->standby && api->engine->ops->standby(api->engine->impl, leader, sizeof leader);
+    if (standby && *leader) evhttp_add_header(evhttp_request_get_output_headers(req), "X-Strata-Leader", leader);
     probes_state ps = {api->engine, api->model_name, api->draining, api->retry_after_s};
     if (probes_handle(req, path, &ps)) {
+        api->cur_access = NULL;
+        return;
+    }
+    if (standby && strcmp(path, "/metrics") != 0) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "this coordinator is a standby; %s%s", *leader ? "the leader is " : "",
+                 *leader ? leader : "a leader election is under way; retry shortly");
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+        reply_simple_error(api, req, 503, "server_error", "not_leader", msg);
         api->cur_access = NULL;
         return;
     }

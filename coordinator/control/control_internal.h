@@ -12,6 +12,8 @@
  *   authz.c            who may call what (authz.h)
  *   node_store.c       the registry's journal (journal.h), RemoveNode, the
  *                      expiry of dead nodes
+ *   etcd_store.c       the state in etcd and the standby mode (--etcd,
+ *                      leader.h)
  * Not for use outside coordinator/control/. */
 #ifndef STRATA_COORDINATOR_CONTROL_INTERNAL_H
 #define STRATA_COORDINATOR_CONTROL_INTERNAL_H
@@ -102,6 +104,8 @@ struct ctl_service {
     int n_excl;
     uint64_t recoveries, seqs_resumed, tokens_recomputed;
     struct journal *jr;      /* the registry's changes since the snapshot (node_store.c) */
+    struct leader *ha;       /* --etcd: the state in etcd, leader election (etcd_store.c) */
+    bool standby;            /* --etcd and not (yet) the leader: nothing is served */
 };
 
 /* control_service.c */
@@ -133,6 +137,15 @@ void ctl_store_node(ctl_service *s, const reg_node *n); /* a new node (or a new 
 void ctl_store_reset(ctl_service *s);                   /* after a snapshot */
 void ctl_store_tick(ctl_service *s, double now);        /* fsync, expiry, compaction */
 void ctl_h_remove_node(rpc_call *c, const rpc_request *req, void *ud);
+
+/* etcd_store.c (s->ha set: --etcd) */
+int ctl_etcd_open(ctl_service *s, st_err *err);  /* standby until elected */
+void ctl_etcd_close(ctl_service *s);             /* resigns */
+void ctl_etcd_save(ctl_service *s, const placement *p);
+void ctl_etcd_node(ctl_service *s, const char *name, const char *addr); /* addr NULL: removed */
+/* True while a standby: msg says so and names the leader, http gets the
+ * leader's advertised HTTP URL ("" when unknown). */
+bool ctl_standby(ctl_service *s, char *msg, size_t cap, char *http, size_t http_cap);
 
 /* leave.c */
 void ctl_h_leave(rpc_call *c, const rpc_request *req, void *ud);

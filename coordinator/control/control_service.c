@@ -75,6 +75,10 @@ static int model_info(ctl_service *s, st_err *err) {
 void ctl_save_state(ctl_service *s) {
     st_err err = {{0}};
     const placement *p = s->cur ? &s->cur->pl : &s->saved;
+    if (s->ha) {
+        ctl_etcd_save(s, p);
+        return;
+    }
     if (state_save(s->o.state_path, p, s->last_epoch, s->model_sha, &s->reg, &err) != 0)
         ST_ERROR("control: cannot save the state: %s", err.msg);
     else
@@ -149,6 +153,9 @@ static const coord_sink lr_sink = {lr_on_prompt, lr_on_token, lr_on_finish, NULL
 int ctl_eng_submit(void *impl, const coord_request *req, const coord_sink *sink, void *ctx,
                       uint64_t *id_out, st_err *err) {
     ctl_service *s = impl;
+    char standby[600], http[256];
+    if (ctl_standby(s, standby, sizeof standby, http, sizeof http))
+        return st_errf(err, "%s", standby), COORD_EUNAVAIL;
     /* While recovering (docs/recovery.md), new requests are held with the others. */
     bool hold = s->lost && s->lost == s->cur && !s->recovery_expired;
     if (!hold && (!s->cur || !cluster_is_ready(s->cur->cl))) {
@@ -193,6 +200,8 @@ void ctl_eng_cancel(void *impl, uint64_t id) {
 
 static int eng_health(void *impl, st_err *err) {
     ctl_service *s = impl;
+    char standby[600], http[256];
+    if (ctl_standby(s, standby, sizeof standby, http, sizeof http)) return st_errf(err, "%s", standby);
     if (!s->cur) return st_errf(err, "no placement is serving yet%s", s->pend ? " (loading)" : "");
     if (s->lost && s->lost == s->cur)
         return st_errf(err, "recovering from: %s (%s)", s->lost_msg,
@@ -241,7 +250,14 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     }
 }
 
-static const coord_engine_ops ctl_ops = {ctl_eng_submit, ctl_eng_cancel, eng_health, eng_stages_json, eng_stats};
+/* engine_api.h: not the leader (--etcd standby), with its HTTP URL. */
+static bool eng_standby(void *impl, char *leader_http, size_t cap) {
+    char msg[600];
+    return ctl_standby(impl, msg, sizeof msg, leader_http, cap);
+}
+
+static const coord_engine_ops ctl_ops = {ctl_eng_submit, ctl_eng_cancel, eng_health, eng_stages_json, eng_stats,
+                                         eng_standby};
 
 coord_engine ctl_engine(ctl_service *s) {
     coord_engine e = {&ctl_ops, s};
@@ -461,15 +477,23 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
 
 /* ---------------------------------------------------------------- authorization */
 
-/* An operator call: its handler, behind the role check. */
+/* Every call: its handler, behind the standby check (--etcd: only the
+ * leader serves; UNAVAILABLE names it) and, for an operator call, the role
+ * check. */
 struct ctl_guard {
     ctl_service *s;
     rpc_handler_fn fn;
+    bool operator_only;
 };
 
-static void h_operator(rpc_call *c, const rpc_request *req, void *ud) {
+static void h_guarded(rpc_call *c, const rpc_request *req, void *ud) {
     struct ctl_guard *g = ud;
-    if (ctl_authorize(g->s->tls, c, CTL_ROLE_OPERATOR, NULL)) g->fn(c, req, g->s);
+    char msg[600], http[256];
+    if (ctl_standby(g->s, msg, sizeof msg, http, sizeof http)) {
+        rpc_call_finish(c, RPC_UNAVAILABLE, msg);
+        return;
+    }
+    if (!g->operator_only || ctl_authorize(g->s->tls, c, CTL_ROLE_OPERATOR, NULL)) g->fn(c, req, g->s);
 }
 
 /* ---------------------------------------------------------------- lifetime */
@@ -488,7 +512,7 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
     registry_init(&s->reg, o->heartbeat_ms, o->suspect_missed, o->dead_after_ms,
                   (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32));
     if (model_info(s, err) != 0) goto fail;
-    int lrc = state_load(o->state_path, &s->saved, &s->last_epoch, s->model_sha, &s->reg, err);
+    int lrc = o->ha ? 1 : state_load(o->state_path, &s->saved, &s->last_epoch, s->model_sha, &s->reg, err);
     if (lrc < 0) goto fail;
     if (lrc == 0) {
         if (s->saved.epoch && s->saved.n_layers != s->pm.n_layers) {
@@ -499,13 +523,14 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
         ST_INFO("control: restored state %s: placement epoch %" PRIu64 " (%d stages), %d known node(s)",
                 o->state_path, s->saved.epoch, s->saved.n_stages, s->reg.n);
     }
-    if (ctl_store_open(s, err) != 0) goto fail;
+    if (!o->ha && ctl_store_open(s, err) != 0) goto fail; /* --etcd: the state is in etcd (etcd_store.c) */
     s->tick_ev = event_new(base, -1, 0, ctl_tick, s);
     s->switch_ev = evtimer_new(base, ctl_try_finish_switch, s);
     if (!s->tick_ev || !s->switch_ev) {
         st_errf(err, "control: cannot create events");
         goto fail;
     }
+    if (o->ha && ctl_etcd_open(s, err) != 0) goto fail;
     rpc_tls tls = {o->grpc_ca, o->grpc_cert, o->grpc_key};
     int tls_given = rpc_tls_given(&tls, "--grpc-", err);
     if (tls_given < 0) goto fail;
@@ -542,10 +567,10 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
         goto fail;
     }
     for (size_t i = 0; i < n_methods; i++) {
-        s->guards[i] = (struct ctl_guard){s, methods[i].fn};
+        s->guards[i] = (struct ctl_guard){s, methods[i].fn, methods[i].operator_only};
         rpc_method m = {methods[i].name, methods[i].kind, methods[i].fn, s, methods[i].req};
-        if (methods[i].operator_only) {
-            m.handler = h_operator;
+        if (methods[i].operator_only || o->ha) {
+            m.handler = h_guarded;
             m.ud = &s->guards[i];
         }
         if (rpc_loop_add_method(s->loop, s->srv, &m, err) != 0) goto fail;
@@ -562,6 +587,7 @@ int ctl_grpc_port(const ctl_service *s) { return rpc_server_port(s->srv); }
 
 void ctl_destroy(ctl_service *s) {
     if (!s) return;
+    ctl_etcd_close(s); /* resign first: a standby takes over while we stop */
     if (s->loop) rpc_loop_close(s->loop);
     ctl_generate_close_all(s);
     rpc_server_destroy(s->srv);

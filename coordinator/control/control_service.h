@@ -62,6 +62,10 @@ typedef struct ctl_opts {
     double ready_timeout_s;     /* a new placement's stages must be ready within this; default 120 */
     double recovery_timeout_s;  /* requests held after a lost stage at most this long; default 60 */
     double dead_node_expiry_s;  /* a dead node's record is removed after this long; 0 = never */
+    /* High availability (--etcd): the state lives in etcd instead of
+     * state_path, and this coordinator serves only while it is the elected
+     * leader (leader.h). NULL: the state file, always serving. */
+    const struct leader_opts *ha;
 } ctl_opts;
 
 /* Reads the model (layer sizes, sha256), restores the state file, starts the

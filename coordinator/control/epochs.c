@@ -203,6 +203,7 @@ int ctl_change_placement(ctl_service *s, placement *pl, int *code, st_err *err) 
 
 void ctl_tick(evutil_socket_t fd, short what, void *arg) {
     ctl_service *s = arg;
+    if (s->standby) return; /* etcd_store.c: the election starts it */
     double t = st_now_s();
     registry_tick(&s->reg, t);
     ctl_store_tick(s, t);

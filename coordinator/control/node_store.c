@@ -74,6 +74,10 @@ static void append(ctl_service *s, json_t *rec) {
 }
 
 void ctl_store_node(ctl_service *s, const reg_node *n) {
+    if (s->ha) {
+        ctl_etcd_node(s, n->name, n->data_address);
+        return;
+    }
     append(s, json_pack("{s:s,s:s,s:s}", "op", "node", "name", n->name, "addr", n->data_address));
 }
 
@@ -94,7 +98,10 @@ static bool in_any_placement(const ctl_service *s, const char *name, uint64_t *e
 }
 
 static void remove_node(ctl_service *s, const char *name) {
-    append(s, json_pack("{s:s,s:s}", "op", "remove", "name", name));
+    if (s->ha)
+        ctl_etcd_node(s, name, NULL);
+    else
+        append(s, json_pack("{s:s,s:s}", "op", "remove", "name", name));
     registry_remove(&s->reg, name);
 }
 

@@ -11,13 +11,12 @@
 #include <string.h>
 #include <unistd.h>
 
-int state_save(const char *path, const placement *p, uint64_t last_epoch, const char *model_sha256,
-               const registry *r, st_err *err) {
+char *state_dump(const placement *p, uint64_t last_epoch, const char *model_sha256, const registry *r) {
     json_t *stages = json_array(), *nodes = json_array();
     for (int i = 0; i < p->n_stages; i++)
         json_array_append_new(stages, json_pack("{s:s,s:i,s:i,s:i}", "node", p->st[i].node, "first",
                                                 p->st[i].first, "last", p->st[i].last, "tp", p->st[i].tp));
-    for (int i = 0; i < r->n; i++)
+    for (int i = 0; r && i < r->n; i++)
         json_array_append_new(nodes, json_pack("{s:s,s:s}", "name", r->nodes[i].name, "data_address",
                                                r->nodes[i].data_address));
     json_t *root = json_pack("{s:i,s:I,s:I,s:i,s:s,s:o,s:o}", "version", 1, "epoch", (json_int_t)p->epoch,
@@ -26,6 +25,12 @@ int state_save(const char *path, const placement *p, uint64_t last_epoch, const 
                              "nodes", nodes);
     char *text = root ? json_dumps(root, JSON_INDENT(1)) : NULL;
     json_decref(root);
+    return text;
+}
+
+int state_save(const char *path, const placement *p, uint64_t last_epoch, const char *model_sha256,
+               const registry *r, st_err *err) {
+    char *text = state_dump(p, last_epoch, model_sha256, r);
     if (!text) return st_errf(err, "state %s: out of memory", path);
     size_t len = strlen(text);
     char tmp[4096];
@@ -61,6 +66,9 @@ int state_save(const char *path, const placement *p, uint64_t last_epoch, const 
     return 0;
 }
 
+static int parse(json_t *root, const char *path, placement *p, uint64_t *last_epoch, const char *model_sha256,
+                 registry *r, st_err *err);
+
 int state_load(const char *path, placement *p, uint64_t *last_epoch, const char *model_sha256,
                registry *r, st_err *err) {
     memset(p, 0, sizeof *p);
@@ -69,6 +77,23 @@ int state_load(const char *path, placement *p, uint64_t *last_epoch, const char 
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root) return st_errf(err, "state %s: line %d: %s", path, je.line, je.text);
+    return parse(root, path, p, last_epoch, model_sha256, r, err);
+}
+
+int state_parse(const char *text, size_t len, const char *what, placement *p, uint64_t *last_epoch,
+                const char *model_sha256, registry *r, st_err *err) {
+    memset(p, 0, sizeof *p);
+    *last_epoch = 0;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    if (!root) return st_errf(err, "state %s: %s", what, je.text);
+    return parse(root, what, p, last_epoch, model_sha256, r, err);
+}
+
+/* Takes root. */
+static int parse(json_t *root, const char *path, placement *p, uint64_t *last_epoch, const char *model_sha256,
+                 registry *r, st_err *err) {
+    json_error_t je;
     json_int_t epoch = 0, last = 0;
     int n_layers = 0;
     const char *sha = "";
@@ -110,7 +135,7 @@ int state_load(const char *path, placement *p, uint64_t *last_epoch, const char 
             if (!rc) rc = st_errf(err, "state %s: bad node %zu", path, i);
             break;
         }
-        registry_add_known(r, name, addr);
+        if (r) registry_add_known(r, name, addr);
     }
     if (rc == 0) {
         p->epoch = (uint64_t)epoch;

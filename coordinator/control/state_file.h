@@ -25,4 +25,11 @@ int state_save(const char *path, const placement *p, uint64_t last_epoch, const 
 int state_load(const char *path, placement *p, uint64_t *last_epoch, const char *model_sha256,
                registry *r, st_err *err);
 
+/* The same JSON as text (malloc'd; NULL when out of memory); r NULL: no
+ * nodes (the etcd store keeps each node in its own key, etcd_store.c). */
+char *state_dump(const placement *p, uint64_t last_epoch, const char *model_sha256, const registry *r);
+/* Parses that text as state_load does (`what` names it in errors); r may be NULL. */
+int state_parse(const char *text, size_t len, const char *what, placement *p, uint64_t *last_epoch,
+                const char *model_sha256, registry *r, st_err *err);
+
 #endif

@@ -1373,7 +1373,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
 }
 
 static const coord_engine_ops cluster_ops = {eng_submit, eng_cancel, eng_health, eng_stages_json,
-                                             eng_stats};
+                                             eng_stats, NULL};
 
 coord_engine cluster_engine(cluster *c) {
     coord_engine e = {&cluster_ops, c};

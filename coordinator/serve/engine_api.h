@@ -173,6 +173,12 @@ typedef struct coord_engine_ops {
     char *(*stages_json)(void *impl);
     /* Optional (NULL: /metrics has no engine gauges): fills *out. */
     void (*stats)(void *impl, coord_engine_stats *out);
+    /* Optional (NULL: always serving): true while this coordinator is a
+     * standby of a high-availability pair (--etcd, docs/recovery.md); the
+     * leader's advertised HTTP base URL goes to leader_http ("" when an
+     * election is under way). The HTTP API then answers 503 + Retry-After
+     * and X-Strata-Leader instead of serving. */
+    bool (*standby)(void *impl, char *leader_http, size_t cap);
 } coord_engine_ops;
 
 typedef struct coord_engine {

@@ -123,7 +123,7 @@ static int rp_health(void *impl, st_err *err) {
     return 0;
 }
 
-static const coord_engine_ops replay_ops = {rp_submit, rp_cancel, rp_health, NULL, NULL};
+static const coord_engine_ops replay_ops = {rp_submit, rp_cancel, rp_health, NULL, NULL, NULL};
 
 void replay_engine_init(replay_engine *r, struct event_base *base) {
     memset(r, 0, sizeof *r);

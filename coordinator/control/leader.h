@@ -1,0 +1,77 @@
+/* leader.h — coordinator high availability on etcd (docs/recovery.md
+ * "Coordinator failover"): leader election with an etcd lease and a
+ * transaction, and the leader's fenced writes, on a thread of its own
+ * (etcd_client.h blocks; the coordinator's event loop never waits for etcd).
+ *
+ * Keys under PREFIX (--etcd-prefix, default /strata/<cluster>):
+ *   PREFIX/leader        the leader's record, {"name","http","grpc","pid"},
+ *                        attached to its lease (TTL --leader-ttl)
+ *   PREFIX/state         placement + epochs (state_file.h's JSON, no nodes)
+ *   PREFIX/nodes/NAME    one per known node, {"name","addr"}
+ *
+ * Election: grant a lease of TTL s; txn "if create_revision(leader) == 0 then
+ * put leader (with the lease)". The winner keeps the lease alive every TTL/3.
+ * The others watch the leader key (v3 watch) and campaign when it is deleted
+ * (the lease expired or was revoked at a clean stop).
+ *
+ * Fencing: every write of the leader is a txn "if create_revision(leader) ==
+ * the revision that made us leader", so a deposed leader cannot write. A
+ * leader whose lease is gone (keep-alive says TTL 0, a fenced write failed),
+ * or that could not renew it for TTL - min(1 s, TTL/3) since the last renewal
+ * it sent, stops at once: the process exits with status 75 (EX_TEMPFAIL),
+ * its listeners and worker connections close with it, and its supervisor
+ * (systemd Restart=) starts it again as a standby. A standby cannot win
+ * before the old lease expired on etcd, and the old leader is gone by then.
+ */
+#ifndef STRATA_COORDINATOR_LEADER_H
+#define STRATA_COORDINATOR_LEADER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/err.h"
+#include "coordinator/control/etcd_json.h"
+
+#define LEADER_EXIT_STATUS 75
+
+struct event_base;
+
+typedef struct leader_opts {
+    const char *etcd;                /* endpoints (etcd_client.h) */
+    const char *cacert, *cert, *key; /* TLS to etcd */
+    bool insecure;
+    const char *prefix;              /* "/strata/default" */
+    double ttl_s;                    /* lease TTL (default 3, at least 1) */
+    const char *name;                /* this coordinator in logs and the record */
+    const char *http;                /* advertised HTTP base URL ("http://10.0.0.1:8000") */
+    const char *grpc;                /* advertised gRPC address ("10.0.0.1:7070") */
+} leader_opts;
+
+typedef struct leader leader;
+
+/* Called on the loop thread of base once this process won the election;
+ * `state` holds every key under the prefix, read after the win (the
+ * callee may keep nothing of it past the call). */
+typedef void (*leader_elected_fn)(void *ud, const etcd_kvs *state);
+
+/* Connects nothing yet: checks the options and starts the election thread.
+ * NULL + err on bad options (etcd_client_create's errors). */
+leader *leader_start(const leader_opts *o, struct event_base *base, leader_elected_fn fn, void *ud, st_err *err);
+
+bool leader_is_leader(leader *l);
+/* The key prefix, without a trailing '/'. */
+const char *leader_prefix(const leader *l);
+/* The current leader's advertised addresses as this process last saw them
+ * ("" when unknown: an election is under way). */
+void leader_current(leader *l, char *http, size_t http_cap, char *grpc, size_t grpc_cap);
+
+/* Queues a put (value != NULL) or a delete of PREFIX/rel_key; the election
+ * thread writes queued changes in order, batched, each batch one fenced
+ * txn. Only while leader (dropped otherwise). O(1) on the calling thread. */
+void leader_write(leader *l, const char *rel_key, const char *value);
+
+/* A clean stop: writes what is queued, revokes the lease (a standby takes
+ * over at once), joins the thread. NULL ok. */
+void leader_stop(leader *l);
+
+#endif
