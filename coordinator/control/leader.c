@@ -93,12 +93,27 @@ static void step_down(leader *l, const char *why) {
 
 /* ---------------------------------------------------------------- standby */
 
+/* Renews l->lease: true when it lives on (renewed_sent updated). */
+static bool alive(leader *l, st_err *err) {
+    int64_t ttl = 0;
+    double sent = st_now_s();
+    if (etcd_lease_keepalive(l->etcd, l->lease, &ttl, err) != 0 || ttl <= 0) return false;
+    l->renewed_sent = sent;
+    return true;
+}
+
 /* One round as a standby: read the leader key, campaign when it is absent,
  * else watch it. Returns 1 once we are the leader, 0 to go round again. */
 static int standby_round(leader *l, bool *logged) {
     st_err err = {{0}};
     etcd_kvs k;
     if (etcd_range(l->etcd, l->key, false, &k, &err) != 0) goto fail;
+    if (k.n == 1 && l->lease && k.kv[0].lease == l->lease) {
+        /* our campaign's txn went through, its answer was lost: we lead if the lease still lives */
+        l->my_rev = k.kv[0].create_rev;
+        etcd_kvs_free(&k);
+        return alive(l, &err) ? 1 : (l->lease = 0, 0);
+    }
     if (k.n == 1) {
         set_current(l, k.kv[0].value, k.kv[0].value_len);
         if (!*logged) ST_INFO("leader: standby; the leader is %s", k.kv[0].value);
@@ -114,6 +129,7 @@ static int standby_round(leader *l, bool *logged) {
     }
     etcd_kvs_free(&k);
     set_current(l, NULL, 0);
+    if (l->lease && !alive(l, &err)) l->lease = 0; /* kept from a failed campaign: it may have expired */
     if (!l->lease && etcd_lease_grant(l->etcd, (int64_t)l->o.ttl_s, &l->lease, &err) != 0) goto fail;
     etcd_cmp cmp = {l->key, ETCD_CMP_CREATE, 0, NULL};
     etcd_op put = {l->key, l->record, strlen(l->record), l->lease};

@@ -17,11 +17,19 @@ free loopback ports with a temporary data dir, two strata-coordinator --live
     logs: no new "ready in", an "already loaded"), and greedy output on B is
     identical to the reference.
 
+Mode `tls`: etcd on https with client-certificate auth (a CA and
+certificates made by the test with the openssl tool): a coordinator with
+--etcd https://... --etcd-cacert/--etcd-cert/--etcd-key is elected and
+writes its leader record; one without a client certificate is refused by
+etcd's handshake and stays out of the election, with a log line naming etcd;
+plaintext http:// to a non-loopback etcd and https:// without --etcd-cacert
+do not start (a clear message).
+
 Every process is started by the test and stopped by its pid, also on
 failure. Exits 77 when there is no etcd binary (Debian: etcd-server).
 
-  failover_test.py --coordinator BIN --worker BIN --proto control.proto
-                   --shared DIR --workdir DIR
+  failover_test.py [failover|tls] --coordinator BIN --worker BIN
+                   --proto control.proto --shared DIR --workdir DIR
 """
 import argparse
 import base64
@@ -74,19 +82,30 @@ class Cluster(LiveBase):
         self.logs[name] = fn
         self.procs[name] = subprocess.Popen(cmd, stdout=open(fn, "w"), stderr=subprocess.STDOUT, env=self.env)
 
-    def start_etcd(self):
+    def start_etcd(self, tls=None):
+        """tls: (ca, cert, key) files: https with client-certificate auth."""
         peer = free_port()
-        self.spawn("etcd", [etcd_binary(), "--name", "t", "--data-dir", os.path.join(self.tmp, "etcd-data"),
-                            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-                            "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
-                            "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
-                            "--initial-cluster", "t=http://127.0.0.1:%d" % peer, "--log-level", "warn"])
+        cmd = [etcd_binary(), "--name", "t", "--data-dir", os.path.join(self.tmp, "etcd-data"),
+               "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+               "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
+               "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
+               "--initial-cluster", "t=http://127.0.0.1:%d" % peer, "--log-level", "warn"]
+        if tls:
+            self.tls = tls
+            cmd += ["--trusted-ca-file", tls[0], "--cert-file", tls[1], "--key-file", tls[2], "--client-cert-auth"]
+        self.spawn("etcd", cmd)
         if not wait_for(lambda: self.etcd("/v3/kv/range", {"key": b64("x")}) is not None, 30, 0.1):
             self.dump()
             raise RuntimeError("etcd did not start")
 
     def etcd(self, path, body):
-        c = http.client.HTTPConnection("127.0.0.1", self.etcd_port, timeout=5)
+        if getattr(self, "tls", None):
+            import ssl
+            ctx = ssl.create_default_context(cafile=self.tls[0])
+            ctx.load_cert_chain(self.tls[1], self.tls[2])
+            c = http.client.HTTPSConnection("127.0.0.1", self.etcd_port, timeout=5, context=ctx)
+        else:
+            c = http.client.HTTPConnection("127.0.0.1", self.etcd_port, timeout=5)
         try:
             c.request("POST", path, body=json.dumps(body).encode())
             r = c.getresponse()
@@ -100,12 +119,15 @@ class Cluster(LiveBase):
         return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode()
                 for kv in d.get("kvs", [])}
 
-    def start_coordinator(self, name):
+    def coordinator_cmd(self, name, extra=()):
         c = self.coords[name]
-        self.spawn(name, [self.args.coordinator, "--live", "--config", self.cfg, "--listen",
-                          "127.0.0.1:%d" % c["http"], "--grpc-listen", c["grpc"], "--etcd", self.etcd_url,
-                          "--etcd-prefix", PREFIX, "--leader-ttl", str(TTL), "--heartbeat-ms", "200",
-                          "--dead-after-ms", "2000", "--min-workers", "2"])
+        return [self.args.coordinator, "--live", "--config", self.cfg, "--listen",
+                "127.0.0.1:%d" % c["http"], "--grpc-listen", c["grpc"], "--etcd", self.etcd_url,
+                "--etcd-prefix", PREFIX, "--leader-ttl", str(TTL), "--heartbeat-ms", "200",
+                "--dead-after-ms", "2000", "--min-workers", "2"] + list(extra)
+
+    def start_coordinator(self, name, extra=()):
+        self.spawn(name, self.coordinator_cmd(name, extra))
 
     def start_worker(self, name):
         addrs = ",".join(self.coords[n]["grpc"] for n in ("A", "B"))
@@ -171,6 +193,66 @@ def exact(cl, name, rs, n, label):
 
 def loads(cl):
     return {w: cl.text(w).count(" ready in ") for w in ("w-a", "w-b")}
+
+
+def make_certs(d):
+    """A CA, etcd's server certificate (IP:127.0.0.1) and a client certificate,
+    with the openssl tool: (ca, server cert, server key, client cert, client key)."""
+    def sh(*cmd):
+        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+    p = lambda n: os.path.join(d, n)  # noqa: E731
+    sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+       "-keyout", p("ca.key"), "-out", p("ca.pem"), "-subj", "/CN=failover-test-ca")
+    for who, eku in (("server", "serverAuth,clientAuth"), ("client", "clientAuth")):
+        sh("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+           p(who + ".key"), "-out", p(who + ".csr"), "-subj", "/CN=" + who)
+        with open(p(who + ".ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=%s\n" % eku)
+        sh("openssl", "x509", "-req", "-in", p(who + ".csr"), "-CA", p("ca.pem"), "-CAkey", p("ca.key"),
+           "-CAcreateserial", "-days", "1", "-out", p(who + ".pem"), "-extfile", p(who + ".ext"))
+    return p("ca.pem"), p("server.pem"), p("server.key"), p("client.pem"), p("client.key")
+
+
+def run_tls(args):
+    cl = Cluster(args)
+    try:
+        ca, scert, skey, ccert, ckey = make_certs(cl.tmp)
+        cl.etcd_url = "https://127.0.0.1:%d" % cl.etcd_port
+        cl.start_etcd((ca, scert, skey))
+        # refused at start: plaintext to a non-loopback etcd; https without the CA
+        for url, extra, words in (("http://10.9.9.9:2379", [], "plaintext to a non-loopback etcd"),
+                                  (cl.etcd_url, [], "needs --etcd-cacert")):
+            cmd = cl.coordinator_cmd("A", extra)
+            cmd[cmd.index("--etcd") + 1] = url
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=cl.env)
+            check(p.returncode != 0 and words in p.stderr,
+                  "--etcd %s%s refused at start: %r" % (url, " ".join(extra), (p.returncode, p.stderr.strip()[-200:])))
+        cl.start_coordinator("A", ["--etcd-cacert", ca, "--etcd-cert", ccert, "--etcd-key", ckey])
+        check(bool(wait_for(lambda: cl.status("A") is not None, 60, 0.1)), "A is elected over TLS to etcd")
+        rec = json.loads(cl.etcd_keys(PREFIX + "/").get(PREFIX + "/leader", "{}"))
+        check(rec.get("grpc") == cl.coords["A"]["grpc"], "etcd (read over TLS) names A the leader: %s" % rec)
+        # no client certificate: etcd's handshake refuses B, which stays out of the election
+        cl.start_coordinator("B", ["--etcd-cacert", ca])
+        check(bool(wait_for(lambda: "leader: etcd https://127.0.0.1:%d: cannot connect" % cl.etcd_port in cl.text("B"),
+                            30, 0.1)), "B without a client certificate logs that etcd cannot be reached")
+        try:
+            cl.status("B")
+            check(False, "B (no etcd) refuses GetStatus")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.UNAVAILABLE and "election is under way" in e.details(),
+                  "B (no etcd) answers UNAVAILABLE: %s" % e.details())
+        check(cl.procs["B"].poll() is None, "B keeps running (it retries)")
+    except Exception as e:  # noqa: BLE001 - reported, the processes still stopped
+        check(False, "no exception: %r" % e)
+    finally:
+        rcs = cl.stop()
+        print("exit statuses: %s" % rcs)
+        check(rcs.get("A") == 0 and rcs.get("B") == 0, "the coordinators exit 0 on SIGTERM")
+        if FAILS:
+            cl.dump(40)
+        if not os.environ.get("STRATA_KEEP_TMP"):
+            shutil.rmtree(cl.tmp, ignore_errors=True)
+    return 1 if FAILS else 0
 
 
 def run(args):
@@ -264,6 +346,7 @@ def run(args):
     finally:
         rcs = cl.stop()
         print("exit statuses: %s" % rcs)
+        check(all(rcs.get(n) == 0 for n in ("B", "w-a", "w-b")), "B and the workers exit 0 on SIGTERM")
         if FAILS:
             cl.dump(40)
         if not os.environ.get("STRATA_KEEP_TMP"):
@@ -273,6 +356,7 @@ def run(args):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("mode", nargs="?", default="failover", choices=["failover", "tls"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--proto", required=True)
@@ -284,7 +368,7 @@ def main():
         return 77
     global grpc, pb, pbg
     grpc, pb, pbg = control_stubs(args.proto, os.path.join(args.workdir, "failover_stubs"))
-    return run(args)
+    return run_tls(args) if args.mode == "tls" else run(args)
 
 
 if __name__ == "__main__":
