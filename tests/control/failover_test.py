@@ -167,14 +167,16 @@ class Cluster(LiveBase):
             return f.read()
 
     def stop(self):
-        """Coordinators and workers first (SIGTERM, by pid), then etcd."""
-        for name, p in self.procs.items():
-            if name != "etcd" and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        rcs = reap([(n, p) for n, p in self.procs.items() if n != "etcd"])
-        if "etcd" in self.procs and self.procs["etcd"].poll() is None:
-            self.procs["etcd"].send_signal(signal.SIGTERM)
-        rcs.update(reap([(n, p) for n, p in self.procs.items() if n == "etcd"]))
+        """SIGTERM by pid: the coordinators first (as control_test does: a
+        worker leaving while a coordinator still runs would be re-placed onto
+        one that is stopping), then the workers, then etcd."""
+        rcs = {}
+        for group in (("A", "B"), ("w-a", "w-b"), ("etcd",)):
+            procs = [(n, self.procs[n]) for n in group if n in self.procs]
+            for _, p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            rcs.update(reap(procs))
         for ch in getattr(self, "_chans", []):
             ch.close()
         return rcs
