@@ -39,6 +39,11 @@ MODE
                   the per-micro-batch deadline) and SIGCONTed once the
                   coordinator logged the hold: its connection is closed and
                   re-made, the stage re-assigned
+  stage-failed    the same, but stage 1's stage fails for good (as when its
+                  NCCL communicator is aborted; the test-only
+                  STRATA_TEST_STAGE_FAIL_FILE): the worker reports
+                  BatchError.stage_failed, the coordinator holds at once, the
+                  worker loads the stage again and the streams resume
 
 UCX transports: UCX_TLS=tcp unless UCX_TLS is set (as the ib/ tests do).
 Every process is killed in a finally block; every wait is bounded.
@@ -62,7 +67,7 @@ from harness import FAILS, NetnsBridge, check, netns_unavailable, check_streams,
 
 class Cluster:
     """Workers + coordinator. stages: list of dicts {tp, host, netns, args (extra
-    worker flags), cfg (extra [stage.N] lines)}."""
+    worker flags), cfg (extra [stage.N] lines), env (extra environment of that worker)}."""
 
     def __init__(self, args, stages, partition=None, extra_cfg="", threads_per_rank=1,
                  model=None, coord_args=(), kv_blocks=512, worker_args=()):
@@ -106,7 +111,7 @@ class Cluster:
                 cmd = ["ip", "netns", "exec", st["netns"]] + cmd
             self.worker_cmds.append(cmd)
             log = open(os.path.join(self.tmp, "worker%d.log" % i), "w")
-            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env, **st.get("env", {})))
             self.procs.append(("worker%d" % i, p))
             cfg += ["[stage.%d]" % i, "address = %s:%d" % (host, port), "tp = %d" % st["tp"]]
             cfg += st.get("cfg", [])  # extra [stage.N] keys (backend = cuda, ...)
@@ -630,16 +635,21 @@ def mode_hang(args):
         cl.kill()
 
 
-def mode_restart(args, stop=False):
+def mode_restart(args, stop=False, fail=False):
     """Static recovery: PP 2, 5 greedy SSE streams of 200 tokens; the worker of
     stage 1 is SIGKILLed once every stream has 20 tokens and started again on
     its port (stop: SIGSTOPped, and SIGCONTed once the coordinator logged the
-    hold, i.e. found it hung; at most 60 s later); every stream ends
+    hold, i.e. found it hung; at most 60 s later; fail: its stage fails for
+    good, as when its NCCL communicator is aborted, through the test-only
+    STRATA_TEST_STAGE_FAIL_FILE, removed once the coordinator logged the hold,
+    so the stage the worker loads again serves); every stream ends
     with [DONE], no error event, and the tokens of a run with no failure."""
     n_tok, kill_at = 200, 20
     stopped = []
     prompts = [r["prompt"] for r in load_ref(args, "stories260K-greedy.json")[:5]]
-    cl = Cluster(args, [{"tp": 1}, {"tp": 1}], coord_args=["--recovery-timeout", "120"])
+    fail_file = os.path.join(tempfile.gettempdir(), "strata-fail-stage-%d" % os.getpid())
+    stage1 = {"tp": 1, "env": {"STRATA_TEST_STAGE_FAIL_FILE": fail_file}} if fail else {"tp": 1}
+    cl = Cluster(args, [{"tp": 1}, stage1], coord_args=["--recovery-timeout", "120"])
     try:
         cl.start()
         base = stream_all(cl.http_port, prompts, n_tok)
@@ -654,7 +664,22 @@ def mode_restart(args, stop=False):
             with lock:
                 if not at and min(progress) >= kill_at:
                     victim = [p for n, p in cl.procs if n == "worker1"][0]
-                    if stop:
+                    if fail:
+                        open(fail_file, "w").close()
+
+                        def heal():
+                            deadline = time.time() + 60
+                            while time.time() < deadline:
+                                with open(cl.co_log, errors="replace") as f:
+                                    if any("recovery:" in l and "holding" in l for l in f):
+                                        break
+                                time.sleep(0.02)
+                            os.unlink(fail_file)
+                        t = threading.Thread(target=heal)
+                        t.start()
+                        stopped.append(None)
+                        stopped.append(t)
+                    elif stop:
                         os.kill(victim.pid, signal.SIGSTOP)
                         stopped.append(victim)
 
@@ -676,10 +701,11 @@ def mode_restart(args, stop=False):
                     at.append(list(progress))
         out = stream_all(cl.http_port, prompts, n_tok, on_progress)
         print("worker1 %s with the streams at %s tokens"
-              % ("stopped until found hung" if stop else "killed and restarted",
+              % ("failed" if fail else "stopped until found hung" if stop else "killed and restarted",
                  at[0] if at else "-"),
               flush=True)
-        check(bool(at) and max(at[0]) < n_tok, "worker1 %s mid-stream" % ("stopped" if stop else "killed"))
+        check(bool(at) and max(at[0]) < n_tok,
+              "worker1 %s mid-stream" % ("failed" if fail else "stopped" if stop else "killed"))
         check_streams(out, base)
         with open(cl.co_log, errors="replace") as f:
             steps = [l.rstrip() for l in f if "recovery:" in l]
@@ -688,6 +714,14 @@ def mode_restart(args, stop=False):
             stopped[1].join(70)
             check(any("stage 1" in l and "hung" in l and "holding" in l for l in steps),
                   "the loss is the per-batch deadline's (stage 1 hung)")
+        if fail:
+            stopped[1].join(70)
+            check(any("stage 1" in l and "failed (" in l and "communicator aborted" in l and "holding" in l
+                      for l in steps), "the loss is the stage's own report (BatchError.stage_failed)")
+            with open(os.path.join(cl.tmp, "worker1.log"), errors="replace") as f:
+                wl = f.read()
+            check("failed for good" in wl and wl.count(" ready in ") >= 2,
+                  "worker1 reported its stage lost and loaded it again")
         check(any("stage 1" in l and "holding" in l for l in steps) and
               any("resumed %d request(s)" % len(prompts) in l for l in steps),
               "the coordinator logs the hold and the resume with the request ids")
@@ -698,9 +732,11 @@ def mode_restart(args, stop=False):
               "new requests after the recovery equal the no-failure run")
         finish(cl)
     finally:
-        if stopped:
+        if stopped and stopped[0] is not None:
             if stopped[0].poll() is None:
                 os.kill(stopped[0].pid, signal.SIGCONT)
+        if fail and os.path.exists(fail_file):
+            os.unlink(fail_file)
         if FAILS:
             cl.dump_logs()
         cl.kill()
@@ -814,6 +850,8 @@ def main():
         mode_restart(args)
     elif m == "stop-resume":
         mode_restart(args, stop=True)
+    elif m == "stage-failed":
+        mode_restart(args, fail=True)
     else:
         print("unknown mode", m)
         return 2
