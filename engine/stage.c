@@ -70,7 +70,9 @@ typedef struct fwd {
     bool in_dev, out_dev; /* hin / hout are device memory on rank 0's device (stage_forward_io) */
 } fwd;
 
-#define STAGE_MAX_DEV_BUFS 64 /* stage_dev_alloc buffers live at once */
+#define STAGE_MAX_DEV_BUFS 64 /* stage_dev_alloc buffers, in use or kept for reuse */
+#define STAGE_KEEP_DEV_BUFS 8 /* freed ones kept for reuse: no cudaMalloc/cudaFree per forward */
+#define STAGE_DEV_BUF_MIN (64u << 10)
 
 struct stage {
     stage_params p;
@@ -102,7 +104,11 @@ struct stage {
     uint64_t opened_ns;
     stage_stats stats;
     /* stage_dev_alloc's buffers (released at close if still live) */
-    void *dev_bufs[STAGE_MAX_DEV_BUFS];
+    struct stage_dev_buf {
+        void *p;
+        size_t cap;
+        bool used;
+    } dev_bufs[STAGE_MAX_DEV_BUFS];
     int n_dev_bufs;
     /* A communicator of the stage was aborted (comm.failed): the stage is lost. */
     bool failed;
@@ -675,7 +681,8 @@ void stage_close(stage *s) {
         pthread_mutex_unlock(&s->mu);
         for (int r = 0; r < s->tp; r++)
             if (s->ranks[r].started) pthread_join(s->ranks[r].thread, NULL);
-        while (s->n_dev_bufs) stage_dev_free(s, s->dev_bufs[0]);
+        for (int i = 0; i < s->n_dev_bufs; i++) s->ranks[0].be->ops->release(s->ranks[0].be, s->dev_bufs[i].p);
+        s->n_dev_bufs = 0;
         for (int r = 0; r < s->tp; r++) rank_release(&s->ranks[r]);
         free(s->ranks);
     }
@@ -887,21 +894,39 @@ static int grow_meta(stage *s, int64_t T, int n_seqs, st_err *err) {
 
 void *stage_dev_alloc(stage *s, size_t bytes, st_err *err) {
     if (!s->cuda) return st_errf(err, "stage: backend %s has no device memory", s->bm->name), NULL;
+    int best = -1; /* the smallest free buffer that fits */
+    for (int i = 0; i < s->n_dev_bufs; i++)
+        if (!s->dev_bufs[i].used && s->dev_bufs[i].cap >= bytes &&
+            (best < 0 || s->dev_bufs[i].cap < s->dev_bufs[best].cap))
+            best = i;
+    if (best >= 0) {
+        s->dev_bufs[best].used = true;
+        return s->dev_bufs[best].p;
+    }
     if (s->n_dev_bufs == STAGE_MAX_DEV_BUFS)
         return st_errf(err, "stage: %d hand-off buffers live already", STAGE_MAX_DEV_BUFS), NULL;
+    size_t cap = STAGE_DEV_BUF_MIN;
+    while (cap < bytes) cap *= 2;
     backend *be = s->ranks[0].be;
-    void *p = be->ops->alloc(be, bytes ? bytes : 1, err);
-    if (p) s->dev_bufs[s->n_dev_bufs++] = p;
+    void *p = be->ops->alloc(be, cap, err);
+    if (p) s->dev_bufs[s->n_dev_bufs++] = (struct stage_dev_buf){.p = p, .cap = cap, .used = true};
     return p;
 }
 
 void stage_dev_free(stage *s, void *p) {
-    for (int i = 0; p && i < s->n_dev_bufs; i++)
-        if (s->dev_bufs[i] == p) {
-            s->ranks[0].be->ops->release(s->ranks[0].be, p);
-            s->dev_bufs[i] = s->dev_bufs[--s->n_dev_bufs];
-            return;
-        }
+    int i = 0;
+    while (p && i < s->n_dev_bufs && s->dev_bufs[i].p != p) i++;
+    if (!p || i == s->n_dev_bufs) return;
+    s->dev_bufs[i].used = false;
+    int kept = 0;
+    for (int k = 0; k < s->n_dev_bufs; k++) kept += !s->dev_bufs[k].used;
+    if (kept <= STAGE_KEEP_DEV_BUFS) return;
+    /* too many kept: release the smallest free one */
+    int small = -1;
+    for (int k = 0; k < s->n_dev_bufs; k++)
+        if (!s->dev_bufs[k].used && (small < 0 || s->dev_bufs[k].cap < s->dev_bufs[small].cap)) small = k;
+    s->ranks[0].be->ops->release(s->ranks[0].be, s->dev_bufs[small].p);
+    s->dev_bufs[small] = s->dev_bufs[--s->n_dev_bufs];
 }
 
 int stage_device(const stage *s) { return s->p.n_devices ? s->p.devices[0] : 0; }

@@ -175,8 +175,10 @@ bool stage_failed(const stage *s, st_err *why);
  * -1 + err on a host backend. */
 int stage_forward_io(stage *s, const stage_batch *b, const void *in, bool in_dev, void *out, bool out_dev,
                      stage_sample_out *samples, st_err *err);
-/* Device memory on rank 0's device for the hand-off (at most 64 buffers live;
- * those still live are released by stage_close). NULL + err on a host backend. */
+/* Device memory on rank 0's device for the hand-off, at least `bytes`. Freed
+ * buffers are kept (up to 8) and handed out again, so a forward does not
+ * allocate device memory once the sizes have been seen; at most 64 in all,
+ * released by stage_close. NULL + err on a host backend. */
 void *stage_dev_alloc(stage *s, size_t bytes, st_err *err);
 void stage_dev_free(stage *s, void *p);
 /* Rank 0's device (StageAssign.devices[0], else 0). */
