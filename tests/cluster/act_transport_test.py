@@ -23,12 +23,12 @@ MODE
             from the module's pinned allocator (stage 0 its output rows,
             stage 1 its input rows), serve the reference tokens, and after
             SIGTERM have given every pinned buffer back (live 0)
-  p2p       the same with the fake module's point-to-point (STRATA_FAKE_GPU_P2P=1,
-            a Unix socket standing in for NCCL): stage 1 chooses nccl (GPU
-            stages on one node, distinct GPUs, no UCX CUDA memory), both join
-            the communicator (rank 0 and 1), and then every decode step's rows
-            go over it (as many sends on stage 0 as receives on stage 1, no
-            ACTIVATIONS payload over UCX) with the reference tokens
+  p2p       PP 3 with the fake module's point-to-point (STRATA_FAKE_GPU_P2P=1,
+            a Unix socket standing in for NCCL): each receiver chooses nccl
+            (GPU stages on one node, distinct GPUs, no UCX CUDA memory), the
+            stages join the communicators (stage 1: rank 1 of 0->1, rank 0 of
+            1->2), and then every step's rows go over them (each receiver gets
+            exactly what its sender sent, in order) with the reference tokens
   p2p-fail  the same, the 5th send failing (STRATA_FAKE_GPU_P2P_FAIL_AT=5,
             STRATA_NCCL_TIMEOUT_S=3): stage 0 logs "nccl failed ... the next
             batches go over UCX" and sends no more rows over it, stage 1's
@@ -171,31 +171,39 @@ def mode_p2p_fail(args):
 
 
 def mode_p2p(args):
+    """PP 3: stage 1 receives its rows over one link and sends over the next."""
     refs = load_ref(args, "stories260K-greedy.json")[:2]
     want = [r["completion_tokens"][:32] for r in refs]
     os.environ["STRATA_BACKEND_PATH"] = args.fake_gpu
     os.environ["STRATA_FAKE_GPU_P2P"] = "1"
-    cl = Cluster(args, [{"tp": 1, "cfg": ["backend = cuda"]}, {"tp": 1, "cfg": ["backend = cuda"]}])
+    cl = Cluster(args, [{"tp": 1, "cfg": ["backend = cuda"]} for _ in range(3)])
     try:
-        check(cl.start(), "a PP 2 cluster of two (fake) GPU stages with a point-to-point starts")
-        up = lambda: all("nccl communicator up (rank %d)" % i in logs(cl, i) for i in (0, 1))  # noqa: E731
-        check(wait_for(up, 30), "both stages joined the boundary's communicator (rank 0 and rank 1)")
-        w0, w1 = logs(cl, 0), logs(cl, 1)
-        check("boundary 0->1: nccl (GPU stages on one node; UCX without CUDA memory, NCCL on both)" in w1,
-              "stage 1 chose nccl")
-        check(re.search(r"boundary 0->1: nccl \(GPU stages on one node.*\); joining the communicator as rank 0", w0),
-              "stage 0 joins as rank 0 after the answer")
-        sends0 = len(re.findall(r"fake-gpu: p2p send \d+", w0))
+        check(cl.start(), "a PP 3 cluster of (fake) GPU stages with a point-to-point starts")
+        # stage 1 joins two communicators: rank 1 of 0->1 and rank 0 of 1->2
+        up = lambda: ("nccl communicator up (rank 0)" in logs(cl, 0)  # noqa: E731
+                      and "communicator up (rank 1)" in logs(cl, 1) and "communicator up (rank 0)" in logs(cl, 1)
+                      and "nccl communicator up (rank 1)" in logs(cl, 2))
+        check(wait_for(up, 30), "every stage joined its boundaries' communicators")
+        w = [logs(cl, i) for i in range(3)]
+        for k in (0, 1):
+            check("boundary %d->%d: nccl (GPU stages on one node; UCX without CUDA memory, NCCL on both)" % (k, k + 1)
+                  in w[k + 1], "stage %d chose nccl" % (k + 1))
+            check(re.search(r"boundary %d->%d: nccl \(GPU stages on one node.*\); joining the communicator as rank 0"
+                            % (k, k + 1), w[k]), "stage %d joins as rank 0 after the answer" % k)
+        before = len(re.findall(r"fake-gpu: p2p send \d+", w[1]))
         check(ref_tokens(cl, refs) == want, "the reference tokens with the rows over the point-to-point")
-        w0, w1 = logs(cl, 0), logs(cl, 1)
-        sends = [int(b) for b in re.findall(r"fake-gpu: p2p send (\d+)", w0)]
-        recvs = [int(b) for b in re.findall(r"fake-gpu: p2p recv (\d+)", w1)]
-        check(len(sends) - sends0 >= 2 * 31, "stage 0 sent every step's rows over it (%d sends)" % (len(sends) - sends0))
-        check(sends == recvs, "stage 1 received exactly what stage 0 sent, in order (%d / %d)" % (len(sends), len(recvs)))
-        check(all(b % (64 * 4) == 0 for b in sends), "rows of n_embd 64 f32")
-        check("nccl failed" not in w0 + w1, "no transfer failed")
+        w = [logs(cl, i) for i in range(3)]
+        sends = [[int(b) for b in re.findall(r"fake-gpu: p2p send (\d+)", w[i])] for i in range(3)]
+        recvs = [[int(b) for b in re.findall(r"fake-gpu: p2p recv (\d+)", w[i])] for i in range(3)]
+        check(len(sends[1]) - before >= 2 * 31, "stage 1 sent every step's rows on (%d sends)" % (len(sends[1]) - before))
+        check(sends[0] == recvs[1] and sends[1] == recvs[2],
+              "each receiver got exactly what its sender sent, in order (%d/%d, %d/%d)"
+              % (len(sends[0]), len(recvs[1]), len(sends[1]), len(recvs[2])))
+        check(not sends[2] and not recvs[0], "the last stage sends nothing on, stage 0 receives nothing")
+        check(all(b % (64 * 4) == 0 for b in sends[0] + sends[1]), "rows of n_embd 64 f32")
+        check("nccl failed" not in "".join(w), "no transfer failed")
         rcs = cl.stop()
-        for i in (0, 1):
+        for i in range(3):
             check(rcs.get("worker%d" % i) == 0, "worker %d exits 0 on SIGTERM (%s)" % (i, rcs.get("worker%d" % i)))
     finally:
         os.environ.pop("STRATA_BACKEND_PATH", None)
