@@ -338,6 +338,11 @@ static bool in_placement(const Strata__V1__Placement *p, const char *node) {
     return false;
 }
 
+static const char *fmt_gpu(char *buf, size_t cap, size_t g) {
+    snprintf(buf, cap, "GPU%zu", g);
+    return buf;
+}
+
 static int cmd_nodes(rpc_client *c, const opts *o) {
     Strata__V1__ListNodesRequest req = STRATA__V1__LIST_NODES_REQUEST__INIT;
     Strata__V1__ListNodesReply *r = NULL;
@@ -369,14 +374,34 @@ static int cmd_nodes(rpc_client *c, const opts *o) {
                    serving ? "serving" : state_name(n->state), age, devs, mem,
                    n->data_address[0] ? n->data_address : "-", n->running_sequences, kv,
                    n->busy_fraction * 100.0);
-            /* GPU nodes: each GPU and the link summary (TP rule), on lines of their own. */
-            for (size_t d = 0; d < n->n_devices; d++)
-                for (size_t g = 0; g < n->devices[d]->n_gpus; g++) {
-                    const Strata__V1__Gpu *gp = n->devices[d]->gpus[g];
+            /* GPU nodes: each GPU, the link summary (TP rule) and the link
+             * matrix as `nvidia-smi topo -m` prints it, on lines of their own. */
+            for (size_t d = 0; d < n->n_devices; d++) {
+                const Strata__V1__Device *dv = n->devices[d];
+                for (size_t g = 0; g < dv->n_gpus; g++) {
+                    const Strata__V1__Gpu *gp = dv->gpus[g];
                     fmt_bytes(each, sizeof each, gp->memory_bytes);
-                    printf("  gpu %zu: %s, %s, %s\n", g, gp->name, each, gp->pci_bus_id[0] ? gp->pci_bus_id : "-");
+                    printf("  gpu %zu: %s, %s, %s", g, gp->name, each, gp->pci_bus_id[0] ? gp->pci_bus_id : "-");
+                    if (gp->n_links) printf(", NUMA %d", gp->numa_node);
+                    printf("\n");
                 }
-            if (n->link_summary && n->link_summary[0]) printf("  links: %s\n", n->link_summary);
+                if (n->link_summary && n->link_summary[0]) printf("  links: %s\n", n->link_summary);
+                if (dv->n_gpus && dv->gpus[0]->n_links == dv->n_gpus) {
+                    const size_t cols = dv->n_gpus + n->n_nics;
+#define CELL(i, text) printf((i) + 1 < cols ? " %-7s" : " %s\n", text)
+                    printf("  %-8s", "topo");
+                    for (size_t g = 0; g < dv->n_gpus; g++) CELL(g, fmt_gpu(each, sizeof each, g));
+                    for (size_t k = 0; k < n->n_nics; k++) CELL(dv->n_gpus + k, n->nics[k]);
+                    for (size_t g = 0; g < dv->n_gpus; g++) {
+                        const Strata__V1__Gpu *gp = dv->gpus[g];
+                        printf("  %-8s", fmt_gpu(each, sizeof each, g));
+                        for (size_t j = 0; j < cols; j++)
+                            CELL(j, j < gp->n_links ? gp->links[j] : j - gp->n_links < gp->n_nic_links ? gp->nic_links[j - gp->n_links] : "?");
+                    }
+#undef CELL
+                }
+            }
+            if (!n->n_devices && n->link_summary && n->link_summary[0]) printf("  links: %s\n", n->link_summary);
         }
     }
     if (pl) protobuf_c_message_free_unpacked(&pl->base, NULL);

@@ -159,21 +159,43 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
             gpus[i].name = gi[i].name;
             gpus[i].memory_bytes = gi[i].memory_bytes;
             gpus[i].pci_bus_id = gi[i].pci_bus_id;
+            gpus[i].numa_node = -1; /* the link matrix below knows it */
             gpup[i] = &gpus[i];
             if (gi[i].memory_bytes < dev.memory_bytes) dev.memory_bytes = gi[i].memory_bytes;
         }
         dev.gpus = gpup;
         dev.n_gpus = (size_t)n_gpu;
     }
-    gpu_links links;
+    /* The link matrix (ib/nvml_links.h), in CUDA's order of the GPUs above:
+     * its TP rule, summary, and each GPU's rows (Gpu.links, Gpu.nic_links). */
+    gpu_links links, ordered; /* sysfs/NVML order; CUDA's */
     char summary[256] = "";
     uint32_t tp_limit = 0;
     st_err lerr;
-    if (n_gpu > 0 && node_links_detect("/", &links, &lerr) == 0) {
-        if (links.n_gpu < n_gpu) links.n_gpu = 0; /* sysfs and NVML saw fewer: no rule */
-        if (links.n_gpu > 0) {
-            tp_limit = (uint32_t)gpu_links_tp_rule(&links, NULL, 0);
-            gpu_links_summary(&links, summary, sizeof summary);
+    char cell[GPU_LINKS_MAX_GPU][GPU_LINKS_MAX_GPU + GPU_LINKS_MAX_NIC][8];
+    char *cellp[GPU_LINKS_MAX_GPU][GPU_LINKS_MAX_GPU + GPU_LINKS_MAX_NIC], *nicp[GPU_LINKS_MAX_NIC];
+    int n_nic = 0;
+    if (n_gpu > 0 && n_gpu <= GPU_LINKS_MAX_GPU && node_links_detect("/", &links, &lerr) == 0) {
+        const char *bus[GPU_LINKS_MAX_GPU];
+        for (int i = 0; i < n_gpu; i++) bus[i] = gi[i].pci_bus_id;
+        if (gpu_links_reorder(&links, bus, n_gpu, &ordered, &lerr) == 0) {
+            tp_limit = (uint32_t)gpu_links_tp_rule(&ordered, NULL, 0);
+            gpu_links_summary(&ordered, summary, sizeof summary);
+            n_nic = ordered.n_nic;
+            for (int k = 0; k < n_nic; k++) nicp[k] = ordered.nic[k];
+            for (int i = 0; i < n_gpu; i++) {
+                for (int j = 0; j < n_gpu + n_nic; j++) {
+                    gpu_link_str(j < n_gpu ? ordered.gg[i][j] : ordered.gn[i][j - n_gpu], cell[i][j], sizeof cell[i][j]);
+                    cellp[i][j] = cell[i][j];
+                }
+                gpus[i].links = cellp[i];
+                gpus[i].n_links = (size_t)n_gpu;
+                gpus[i].nic_links = cellp[i] + n_gpu;
+                gpus[i].n_nic_links = (size_t)n_nic;
+                gpus[i].numa_node = ordered.gpu_numa[i];
+            }
+        } else {
+            ST_WARN("registration: no link matrix: %s", lerr.msg);
         }
     }
     Strata__V1__ModelFile *mf = calloc((size_t)(r->n_models ? r->n_models : 1), sizeof *mf);
@@ -201,6 +223,8 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
     q.n_models = (size_t)r->n_models;
     q.tp_limit = tp_limit;
     q.link_summary = summary;
+    q.nics = nicp;
+    q.n_nics = (size_t)n_nic;
     ProtobufCMessage *out = NULL;
     int rc = unary(c, SVC "Register", &q.base, &strata__v1__register_reply__descriptor, &out, st);
     free(mf);

@@ -328,6 +328,7 @@ void fabric_links(const fabric_node *node, gpu_links *out) {
     }
     for (int a = 0; a < node->n_gpu; a++) {
         out->gpu_numa[a] = node->gpu[a].numa;
+        snprintf(out->busid[a], sizeof out->busid[a], "%s", node->gpu[a].busid);
         for (int b = 0; b < node->n_gpu; b++)
             out->gg[a][b].cls = pci_path_class(node->gpu[a].pci_path, node->gpu[b].pci_path, node->gpu[a].numa,
                                                node->gpu[b].numa);

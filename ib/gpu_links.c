@@ -295,3 +295,33 @@ void gpu_links_summary(const gpu_links *l, char *buf, size_t cap) {
     else
         snprintf(buf, cap, "%d GPU, TP<=%d (%s); no NIC", l->n_gpu, tp, why);
 }
+
+/* "0000:17:00.0" -> its four numbers; -1 when it is not a PCI address. */
+static int bus_parse(const char *s, unsigned v[4]) {
+    int used = 0;
+    if (!s || strspn(s, "0123456789abcdefABCDEF:.") != strlen(s) || sscanf(s, "%x:%x:%x.%x%n", &v[0], &v[1], &v[2], &v[3], &used) != 4 || s[used]) return -1;
+    return 0;
+}
+
+int gpu_links_reorder(const gpu_links *l, const char *const *busids, int n, gpu_links *out, st_err *err) {
+    int map[GPU_LINKS_MAX_GPU];
+    if (n < 0 || n > GPU_LINKS_MAX_GPU) return st_errf(err, "links: %d GPUs (at most %d)", n, GPU_LINKS_MAX_GPU);
+    for (int i = 0; i < n; i++) {
+        unsigned want[4], have[4];
+        if (bus_parse(busids[i], want)) return st_errf(err, "links: GPU %d: '%s' is not a PCI bus id", i, busids[i]);
+        map[i] = -1;
+        for (int g = 0; g < l->n_gpu && map[i] < 0; g++)
+            if (!bus_parse(l->busid[g], have) && !memcmp(want, have, sizeof want)) map[i] = g;
+        if (map[i] < 0) return st_errf(err, "links: GPU %d (%s) is not among the %d GPUs on the PCI bus", i, busids[i], l->n_gpu);
+    }
+    gpu_links o = *l;
+    o.n_gpu = n;
+    for (int i = 0; i < n; i++) {
+        o.gpu_numa[i] = l->gpu_numa[map[i]];
+        memcpy(o.busid[i], l->busid[map[i]], sizeof o.busid[i]);
+        for (int j = 0; j < n; j++) o.gg[i][j] = l->gg[map[i]][map[j]];
+        for (int k = 0; k < l->n_nic; k++) o.gn[i][k] = l->gn[map[i]][k];
+    }
+    *out = o;
+    return 0;
+}

@@ -48,6 +48,7 @@ typedef struct gpu_links {
     gpu_link gn[GPU_LINKS_MAX_GPU][GPU_LINKS_MAX_NIC];
     char nic[GPU_LINKS_MAX_NIC][64]; /* "mlx5_0" (nvidia-smi's NIC legend), or "NIC3" */
     int gpu_numa[GPU_LINKS_MAX_GPU]; /* NUMA node, -1 when unknown */
+    char busid[GPU_LINKS_MAX_GPU][16]; /* PCI bus id ("0000:17:00.0"), "" when unknown */
 } gpu_links;
 
 /* "X", "NV18", "PIX", ... ("?" for LINK_UNKNOWN). buf >= 8 bytes. */
@@ -80,6 +81,13 @@ int gpu_links_tp_rule(const gpu_links *l, char *why, size_t why_cap);
  * want, when the rule allows it; above the rule it is still honoured (the
  * operator overrides) and *overridden is set so the caller warns. */
 int gpu_links_tp_pick(const gpu_links *l, int want, int *overridden);
+
+/* l with its GPUs in the order of busids[n] (CUDA's device order, as
+ * registration reports the GPUs): GPU i of out is the GPU of l whose PCI bus
+ * id is busids[i] (the domain's width and the case do not matter:
+ * "00000000:17:00.0" is "0000:17:00.0"); NICs unchanged. 0, or -1 + err
+ * when a bus id is malformed or not one of l's GPUs. */
+int gpu_links_reorder(const gpu_links *l, const char *const *busids, int n, gpu_links *out, st_err *err);
 
 /* One-line link summary for `stratactl nodes`: "8 GPU: NV18 x28; 8 NIC: PIX/PXB". */
 void gpu_links_summary(const gpu_links *l, char *buf, size_t cap);

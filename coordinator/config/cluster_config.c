@@ -146,6 +146,17 @@ static int parse_int(parser *p, const char *sec, const char *key, const char *v,
     return 1;
 }
 
+/* A fraction in (0, 1] ("0.9"). */
+static int parse_fraction(parser *p, const char *sec, const char *key, const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (!*v || errno || *end || !(x > 0 && x <= 1))
+        return fail(p, p->line, "[%s]: %s = '%s': expected a fraction in (0, 1], e.g. 0.9", sec, key, v);
+    *out = x;
+    return 1;
+}
+
 static int parse_bool(parser *p, const char *sec, const char *key, const char *v, bool *out) {
     if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "yes"))
         *out = true;
@@ -211,6 +222,8 @@ static int cluster_key(parser *p, const char *k, const char *v) {
         return parse_int(p, "cluster", k, v, 1, 1 << 20, &c->max_batch_tokens);
     if (!strcmp(k, "max_inflight"))
         return parse_int(p, "cluster", k, v, 0, 1 << 10, &c->max_inflight);
+    if (!strcmp(k, "gpu_memory_utilization"))
+        return parse_fraction(p, "cluster", k, v, &c->gpu_memory_utilization);
     if (!strcmp(k, "recovery_timeout"))
         return parse_int(p, "cluster", k, v, 1, 86400, &c->recovery_timeout_s);
     if (!strcmp(k, "grpc_ca") || !strcmp(k, "grpc_cert") || !strcmp(k, "grpc_key")) {
@@ -354,6 +367,7 @@ static void set_defaults(coord_config *c) {
     c->max_seqs = 64;
     c->prefill_chunk = 256;
     c->max_batch_tokens = 512;
+    c->gpu_memory_utilization = 0.90;
     c->max_body_bytes = 1u << 20;
     c->max_connections = 1024;
     c->header_timeout_s = 10;

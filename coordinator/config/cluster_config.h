@@ -55,6 +55,9 @@ typedef struct coord_config {
     int prefill_chunk;   /* prompt tokens per sequence per micro-batch; default 256 */
     int max_batch_tokens; /* tokens per micro-batch; default 512 */
     int max_inflight;    /* micro-batches in flight; 0 = the number of stages */
+    /* live mode: the share of each GPU's memory a stage may fill (weights, KV,
+     * activations; coordinator/control/placement.h), as vLLM's; default 0.90 */
+    double gpu_memory_utilization;
     size_t max_body_bytes; /* HTTP request body limit (413 beyond); default 1 MiB */
     int recovery_timeout_s; /* live mode: requests held after a lost stage (docs/recovery.md); 0 = 60 */
     char *grpc_ca, *grpc_cert, *grpc_key; /* live mode: mutual TLS of the gRPC control API (PEM paths;

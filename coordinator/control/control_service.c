@@ -61,9 +61,15 @@ static int model_info(ctl_service *s, st_err *err) {
             m->head_bytes += t->nbytes;
     }
     m->embd_bytes = embd;
-    if (mc.tied_output) m->head_bytes += embd;
+    m->head_tied = mc.tied_output;
     m->kv_bytes_per_layer = (uint64_t)cfg->kv_blocks * (uint64_t)cfg->kv_block_size * 2u *
                             (uint64_t)mc.n_head_kv * (uint64_t)mc.head_dim * sizeof(float);
+    /* The stage's micro-batch buffers (placement.h's memory model). */
+    m->act_tokens = (uint32_t)cfg->max_batch_tokens;
+    m->act_token_rank = 3u * (uint64_t)mc.n_embd * sizeof(float);
+    m->act_token_split = (2u * (uint64_t)mc.n_head * mc.head_dim + 2u * (uint64_t)mc.n_head_kv * mc.head_dim +
+                          2u * (uint64_t)mc.n_ff) * sizeof(float);
+    m->logits_bytes = (uint64_t)cfg->max_seqs * ((uint64_t)mc.n_vocab + (uint64_t)mc.n_embd) * sizeof(float);
     gguf_close(gf);
     const char *b = strrchr(cfg->model, '/');
     snprintf(s->model_file, sizeof s->model_file, "%s", b ? b + 1 : cfg->model);
@@ -87,14 +93,6 @@ void ctl_save_state(ctl_service *s) {
 
 /* ---------------------------------------------------------------- nodes */
 
-static uint64_t node_memory(const reg_node *n) {
-    if (!strcmp(n->device_kind, "cpu")) return n->host_memory;
-    return (uint64_t)n->device_count * n->device_memory;
-}
-
-/* The seed's TP rule (placement.h, place_node_tp). */
-static int node_tp(const reg_node *n) { return place_node_tp(n->device_kind, n->device_count, n->tp_limit); }
-
 static int cmp_node(const void *a, const void *b) {
     return strcmp(((const place_node *)a)->name, ((const place_node *)b)->name);
 }
@@ -110,7 +108,9 @@ int ctl_usable_nodes(ctl_service *s, place_node **outp, const char *except) {
     for (int i = 0; i < s->reg.n; i++) {
         const reg_node *n = &s->reg.nodes[i];
         if (!registry_usable(n) || (except && !strcmp(n->name, except))) continue;
-        out[k++] = (place_node){n->name, node_memory(n), node_tp(n)};
+        /* memory and the TP rule: placement.h */
+        out[k++] = place_node_make(n->name, n->device_kind, n->device_count, n->device_memory, n->host_memory,
+                                   n->tp_limit, s->o.cfg->gpu_memory_utilization);
     }
     if (k == 0) { /* nothing to free for the caller */
         free(out);
@@ -119,6 +119,52 @@ int ctl_usable_nodes(ctl_service *s, place_node **outp, const char *except) {
     }
     qsort(out, (size_t)k, sizeof *out, cmp_node);
     return k;
+}
+
+/* The link matrix of a Register (Gpu.links, Gpu.nic_links, nics) checked
+ * and copied: NULL when the worker sent none; -1 + err when it is malformed
+ * (rows of the wrong length, an unknown class, "X" off the diagonal). */
+static int links_from_register(const Strata__V1__RegisterRequest *r, reg_links **out, st_err *err) {
+    *out = NULL;
+    const Strata__V1__Device *d = r->n_devices ? r->devices[0] : NULL;
+    size_t n = d ? d->n_gpus : 0, any = r->n_nics;
+    for (size_t i = 0; i < n; i++) any += d->gpus[i]->n_links + d->gpus[i]->n_nic_links;
+    if (!any) return 0;
+    if (n == 0) return st_errf(err, "NICs in the link matrix without GPUs");
+    if (n > REG_GPU_MAX) return st_errf(err, "a link matrix of %zu GPUs (at most %d)", n, REG_GPU_MAX);
+    if (r->n_nics > REG_NIC_MAX) return st_errf(err, "%zu NICs in the link matrix (at most %d)", r->n_nics, REG_NIC_MAX);
+    reg_links *l = calloc(1, sizeof *l);
+    if (!l) return st_errf(err, "out of memory");
+    l->n_nic = (int)r->n_nics;
+    for (size_t k = 0; k < r->n_nics; k++) {
+        size_t len = strlen(r->nics[k]);
+        if (len == 0 || len >= sizeof l->nic[k]) {
+            free(l);
+            return st_errf(err, "NIC %zu: name empty or longer than %zu bytes", k, sizeof l->nic[k] - 1);
+        }
+        memcpy(l->nic[k], r->nics[k], len + 1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Strata__V1__Gpu *g = d->gpus[i];
+        if (g->n_links != n || g->n_nic_links != r->n_nics) {
+            free(l);
+            return st_errf(err, "GPU %zu: %zu links and %zu NIC links, want %zu and %zu (one per GPU and NIC)", i,
+                           g->n_links, g->n_nic_links, n, r->n_nics);
+        }
+        for (size_t j = 0; j < n + r->n_nics; j++) {
+            const char *cell = j < n ? g->links[j] : g->nic_links[j - n];
+            bool ok = reg_link_valid(cell) && ((j == i) == !strcmp(cell, "X"));
+            if (!ok) {
+                free(l);
+                return st_errf(err, "GPU %zu: link to %s %zu is '%.16s' (want X on the diagonal only, NV<n>, PIX, "
+                                    "PXB, PHB, NODE or SYS)",
+                               i, j < n ? "GPU" : "NIC", j < n ? j : j - n, cell);
+            }
+            snprintf(j < n ? l->gg[i][j] : l->gn[i][j - n], REG_LINK_CELL, "%s", cell);
+        }
+    }
+    *out = l;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- the engine */
@@ -331,8 +377,16 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
         snprintf(gpus[n_gpus].name, sizeof gpus[n_gpus].name, "%s", g->name);
         gpus[n_gpus].memory = g->memory_bytes;
         snprintf(gpus[n_gpus].pci_bus_id, sizeof gpus[n_gpus].pci_bus_id, "%s", g->pci_bus_id);
+        gpus[n_gpus].numa = g->numa_node;
+    }
+    reg_links *links = NULL;
+    st_err lerr = {{0}};
+    if (links_from_register(r, &links, &lerr) != 0) {
+        rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "Register: node %s: %s", r->node, lerr.msg);
+        return;
     }
     reg_info in = {.name = r->node,
+                   .links = links,
                    .tp_limit = r->tp_limit,
                    .link_summary = r->link_summary,
                    .n_gpus = n_gpus,
@@ -347,7 +401,9 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
     uint64_t lease = 0;
     const reg_node *was = registry_find(&s->reg, r->node);
     bool known = was && !strcmp(was->data_address, r->data_address);
-    if (registry_register(&s->reg, &in, st_now_s(), &lease, &err) != 0) {
+    int reg_rc = registry_register(&s->reg, &in, st_now_s(), &lease, &err);
+    free(links); /* copied by the registry */
+    if (reg_rc != 0) {
         rpc_call_finish(c, RPC_INVALID_ARGUMENT, err.msg);
         return;
     }
@@ -424,9 +480,14 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
     for (int i = 0; i < n; i++) n_gpu += (size_t)s->reg.nodes[i].n_gpus;
     Strata__V1__Gpu *gpus = calloc(n_gpu, sizeof *gpus);
     Strata__V1__Gpu **gpup = calloc(n_gpu, sizeof *gpup);
-    size_t gk = 0;
-    if (!infos || !ptrs || !devs || !devp || !gpus || !gpup) {
-        free(infos), free(ptrs), free(devs), free(devp), free(gpus), free(gpup);
+    /* the link matrices' cell pointers, only for the nodes that sent one */
+    size_t n_cell = 1;
+    for (int i = 0; i < n; i++)
+        if (s->reg.nodes[i].links) n_cell += REG_NIC_MAX + (size_t)s->reg.nodes[i].n_gpus * (REG_GPU_MAX + REG_NIC_MAX);
+    char **cells = calloc(n_cell, sizeof *cells);
+    size_t gk = 0, ck = 0;
+    if (!infos || !ptrs || !devs || !devp || !gpus || !gpup || !cells) {
+        free(infos), free(ptrs), free(devs), free(devp), free(gpus), free(gpup), free(cells);
         rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
@@ -450,7 +511,21 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
             gpus[gk].name = rn->gpus[g].name;
             gpus[gk].memory_bytes = rn->gpus[g].memory;
             gpus[gk].pci_bus_id = rn->gpus[g].pci_bus_id;
+            gpus[gk].numa_node = rn->gpus[g].numa;
+            if (rn->links) {
+                gpus[gk].links = &cells[ck];
+                for (int j = 0; j < rn->n_gpus; j++) cells[ck++] = rn->links->gg[g][j];
+                gpus[gk].n_links = (size_t)rn->n_gpus;
+                gpus[gk].nic_links = &cells[ck];
+                for (int k = 0; k < rn->links->n_nic; k++) cells[ck++] = rn->links->gn[g][k];
+                gpus[gk].n_nic_links = (size_t)rn->links->n_nic;
+            }
             gpup[gk] = &gpus[gk];
+        }
+        if (rn->links) {
+            o->nics = &cells[ck];
+            for (int k = 0; k < rn->links->n_nic; k++) cells[ck++] = rn->links->nic[k];
+            o->n_nics = (size_t)rn->links->n_nic;
         }
         o->tp_limit = rn->tp_limit;
         o->link_summary = rn->link_summary;
@@ -472,7 +547,7 @@ static void h_list_nodes(rpc_call *c, const rpc_request *req, void *ud) {
     out.nodes = ptrs;
     out.n_nodes = (size_t)n;
     ctl_reply(c, &out.base);
-    free(infos), free(ptrs), free(devs), free(devp), free(gpus), free(gpup);
+    free(infos), free(ptrs), free(devs), free(devp), free(gpus), free(gpup), free(cells);
 }
 
 /* ---------------------------------------------------------------- authorization */

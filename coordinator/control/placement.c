@@ -29,8 +29,41 @@ uint64_t place_stage_bytes(const place_model *m, int first, int last, int n_laye
     uint64_t b = 0;
     for (int l = first; l <= last && l < m->n_layers; l++) b += layer_cost(m, l);
     if (first == 0) b += m->embd_bytes;
-    if (last == n_layers - 1) b += m->head_bytes;
+    if (last == n_layers - 1) {
+        b += m->head_bytes;
+        if (m->head_tied && first != 0) b += m->embd_bytes; /* the LM head is token_embd */
+    }
     return b;
+}
+
+/* Activations of a stage at TP tp (and the logits on the last stage). */
+static uint64_t stage_act(const place_model *m, bool last, int tp) {
+    if (tp < 1) tp = 1;
+    uint64_t b = (uint64_t)m->act_tokens * (m->act_token_rank * (uint64_t)tp + m->act_token_split);
+    return last ? b + m->logits_bytes : b;
+}
+
+uint64_t place_stage_need(const place_model *m, int first, int last, int n_layers, int tp) {
+    return place_stage_bytes(m, first, last, n_layers) + stage_act(m, last == n_layers - 1, tp);
+}
+
+uint64_t place_node_capacity(const place_node *n, int tp) {
+    if (n->devices <= 0) return n->memory; /* CPU: the ranks share the host memory */
+    if (tp < 1) tp = 1;
+    return tp > n->devices ? 0 : (uint64_t)tp * n->memory;
+}
+
+place_node place_node_make(const char *name, const char *device_kind, uint32_t device_count,
+                           uint64_t device_memory, uint64_t host_memory, uint32_t tp_limit, double util) {
+    place_node n = {.name = name, .tp = place_node_tp(device_kind, device_count, tp_limit)};
+    if (!device_kind || !strcmp(device_kind, "cpu") || device_count == 0) {
+        n.memory = host_memory;
+        return n;
+    }
+    if (!(util > 0 && util <= 1)) util = PLACE_GPU_UTIL_DEFAULT;
+    n.devices = (int)device_count;
+    n.memory = (uint64_t)((double)device_memory * util);
+    return n;
 }
 
 static int fail(int *code, int c, st_err *err, const char *fmt, ...)
@@ -56,33 +89,43 @@ int place_auto(const place_model *m, const place_node *nodes, int n, placement *
         if (layer_cost(m, l) > max_layer) max_layer = layer_cost(m, l);
         all += layer_cost(m, l);
     }
-    all += m->embd_bytes + m->head_bytes;
-    /* Nodes with room for a layer, in name order (callers pass them sorted). */
+    all += m->embd_bytes + m->head_bytes + (m->head_tied && L > 1 ? m->embd_bytes : 0);
+    /* Each node's capacity at its TP, less its activations: what is left for
+     * layers (weights + KV). Nodes with room for a layer, in name order
+     * (callers pass them sorted). */
+    uint64_t room_of[PLACE_STAGE_MAX];
     int use[PLACE_STAGE_MAX], k = 0; /* more nodes than layers: the first L that fit */
-    for (int i = 0; i < n && k < L; i++)
-        if (nodes[i].memory >= max_layer) use[k++] = i;
-    uint64_t total = 0, biggest = 0;
-    for (int i = 0; i < n; i++) {
-        total += nodes[i].memory;
-        if (nodes[i].memory > biggest) biggest = nodes[i].memory;
+    uint64_t biggest = 0, act_biggest = 0;
+    for (int i = 0; i < n && k < L; i++) {
+        uint64_t cap = place_node_capacity(&nodes[i], nodes[i].tp), act = stage_act(m, false, nodes[i].tp);
+        if (cap > biggest) biggest = cap, act_biggest = act;
+        if (cap >= act && cap - act >= max_layer) {
+            room_of[k] = cap;
+            use[k++] = i;
+        }
     }
     char b1[32], b2[32], b3[32];
-    if (k == 0)
+    if (k == 0) {
+        uint64_t need = max_layer + act_biggest;
         return fail(code, RPC_RESOURCE_EXHAUSTED, err,
-                    "no node can hold one layer: a layer needs %s (weights + KV cache), the largest "
-                    "node has %s (short by %s)",
-                    place_fmt_bytes(max_layer, b1, sizeof b1), place_fmt_bytes(biggest, b2, sizeof b2),
-                    place_fmt_bytes(max_layer - biggest, b3, sizeof b3));
+                    "no node can hold one layer: a layer needs %s (weights + KV cache) plus %s of "
+                    "activations, the largest node offers %s (short by %s)",
+                    place_fmt_bytes(max_layer, b1, sizeof b1), place_fmt_bytes(act_biggest, b3, sizeof b3),
+                    place_fmt_bytes(biggest, b2, sizeof b2),
+                    place_fmt_bytes(need > biggest ? need - biggest : 0, b3, sizeof b3));
+    }
     for (int tries = 0; tries < 2; tries++) {
-        /* memory left for layers after the embedding (first) and the head (last) */
+        /* memory left for layers after the activations, the embedding (first)
+         * and the head (last) */
         double left[PLACE_STAGE_MAX];
         int maxl[PLACE_STAGE_MAX], cnt[PLACE_STAGE_MAX];
         double sum = 0;
         int room = 0;
         for (int s = 0; s < k; s++) {
-            double mem = (double)nodes[use[s]].memory;
+            const bool last = s == k - 1;
+            double mem = (double)room_of[s] - (double)stage_act(m, last, nodes[use[s]].tp);
             if (s == 0) mem -= (double)m->embd_bytes;
-            if (s == k - 1) mem -= (double)m->head_bytes;
+            if (last) mem -= (double)m->head_bytes + (m->head_tied && k > 1 ? (double)m->embd_bytes : 0);
             left[s] = mem > 0 ? mem : 0;
             maxl[s] = (int)(left[s] / (double)max_layer);
             if (maxl[s] > L) maxl[s] = L;
@@ -90,23 +133,25 @@ int place_auto(const place_model *m, const place_node *nodes, int n, placement *
             room += maxl[s];
         }
         uint64_t have = 0;
-        for (int s = 0; s < k; s++) have += nodes[use[s]].memory;
+        for (int s = 0; s < k; s++) have += room_of[s];
         if (room < L || sum <= 0) {
             if (tries == 0 && k > 1) { /* a node too small for its position: retry without the smallest */
                 int small = 0;
                 for (int s = 1; s < k; s++)
-                    if (nodes[use[s]].memory < nodes[use[small]].memory) small = s;
+                    if (room_of[s] < room_of[small]) small = s;
                 if (maxl[small] < 1) {
-                    for (int s = small; s < k - 1; s++) use[s] = use[s + 1];
+                    for (int s = small; s < k - 1; s++) use[s] = use[s + 1], room_of[s] = room_of[s + 1];
                     k--;
                     continue;
                 }
             }
+            uint64_t need = all;
+            for (int s = 0; s < k; s++) need += stage_act(m, s == k - 1, nodes[use[s]].tp);
             return fail(code, RPC_RESOURCE_EXHAUSTED, err,
-                        "the model does not fit: it needs %s (weights + KV cache), the %d usable "
-                        "node(s) have %s (short by %s)",
-                        place_fmt_bytes(all, b1, sizeof b1), k, place_fmt_bytes(have, b2, sizeof b2),
-                        place_fmt_bytes(all > have ? all - have : max_layer, b3, sizeof b3));
+                        "the model does not fit: it needs %s (weights + KV cache + activations), the %d "
+                        "usable node(s) offer %s (short by %s)",
+                        place_fmt_bytes(need, b1, sizeof b1), k, place_fmt_bytes(have, b2, sizeof b2),
+                        place_fmt_bytes(need > have ? need - have : max_layer, b3, sizeof b3));
         }
         int given = 0;
         for (int s = 0; s < k; s++) {
@@ -139,14 +184,14 @@ int place_auto(const place_model *m, const place_node *nodes, int n, placement *
         out->n_layers = L;
         /* final check: each stage within its node (the exact per-layer sizes) */
         for (int s = 0; s < k; s++) {
-            uint64_t need = place_stage_bytes(m, out->st[s].first, out->st[s].last, L);
-            if (need > nodes[use[s]].memory)
+            uint64_t need = place_stage_need(m, out->st[s].first, out->st[s].last, L, out->st[s].tp);
+            if (need > room_of[s])
                 return fail(code, RPC_RESOURCE_EXHAUSTED, err,
-                            "the model does not fit: stage %d on %s needs %s, the node has %s "
+                            "the model does not fit: stage %d on %s needs %s, the node offers %s "
                             "(short by %s)",
                             s, nodes[use[s]].name, place_fmt_bytes(need, b1, sizeof b1),
-                            place_fmt_bytes(nodes[use[s]].memory, b2, sizeof b2),
-                            place_fmt_bytes(need - nodes[use[s]].memory, b3, sizeof b3));
+                            place_fmt_bytes(room_of[s], b2, sizeof b2),
+                            place_fmt_bytes(need - room_of[s], b3, sizeof b3));
         }
         return 0;
     }
@@ -188,17 +233,22 @@ int place_check_explicit(const place_model *m, const place_node *nodes, int n, c
             return fail(code, RPC_INVALID_ARGUMENT, err, "layers %d-%d are not covered (before stage %d)", next,
                         st->first - 1, s);
         next = st->last + 1;
-        uint64_t need = place_stage_bytes(m, st->first, st->last, L);
-        if (need > nodes[ni].memory) {
-            char b1[32], b2[32], b3[32];
+        const int tp = st->tp > 0 ? st->tp : nodes[ni].tp > 0 ? nodes[ni].tp : 1;
+        if (nodes[ni].devices > 0 && tp > nodes[ni].devices)
+            return fail(code, RPC_INVALID_ARGUMENT, err, "stage %d: TP %d on %s, which has %d GPU(s)", s, tp,
+                        st->node, nodes[ni].devices);
+        uint64_t need = place_stage_need(m, st->first, st->last, L, tp), cap = place_node_capacity(&nodes[ni], tp);
+        if (need > cap) {
+            char b1[32], b2[32], b3[32], b4[32];
             return fail(code, RPC_RESOURCE_EXHAUSTED, err,
-                        "stage %d: layers %d-%d need %s on %s, which has %s (short by %s)", s, st->first,
-                        st->last, place_fmt_bytes(need, b1, sizeof b1), st->node,
-                        place_fmt_bytes(nodes[ni].memory, b2, sizeof b2),
-                        place_fmt_bytes(need - nodes[ni].memory, b3, sizeof b3));
+                        "stage %d: layers %d-%d at TP %d need %s (weights + KV cache + %s of activations) "
+                        "on %s, which offers %s (short by %s)",
+                        s, st->first, st->last, tp, place_fmt_bytes(need, b1, sizeof b1),
+                        place_fmt_bytes(need - place_stage_bytes(m, st->first, st->last, L), b4, sizeof b4),
+                        st->node, place_fmt_bytes(cap, b2, sizeof b2), place_fmt_bytes(need - cap, b3, sizeof b3));
         }
         p.st[s] = *st;
-        if (p.st[s].tp <= 0) p.st[s].tp = nodes[ni].tp > 0 ? nodes[ni].tp : 1;
+        if (p.st[s].tp <= 0) p.st[s].tp = tp;
         else if (nodes[ni].tp > 0 && p.st[s].tp > nodes[ni].tp)
             /* The operator asked for more than the node's link rule allows
              * (ib/gpu_links.h: NVLink, at most 2 over PCIe): honoured. */

@@ -17,6 +17,7 @@ void registry_init(registry *r, uint32_t heartbeat_ms, uint32_t suspect_after_mi
 }
 
 void registry_free(registry *r) {
+    for (int i = 0; i < r->n; i++) free(r->nodes[i].links);
     free(r->nodes);
     free(r->index);
     memset(r, 0, sizeof *r);
@@ -88,6 +89,8 @@ int registry_remove(registry *r, const char *name) {
         }
     }
     int last = r->n - 1;
+    free(r->nodes[k - 1].links);
+    r->nodes[k - 1].links = NULL;
     if (k - 1 != last) { /* the last node moves into the freed place */
         r->nodes[k - 1] = r->nodes[last];
         r->index[slot_of(r, r->nodes[k - 1].name)] = k;
@@ -138,6 +141,13 @@ int registry_register(registry *r, const reg_info *in, double now, uint64_t *lea
     snprintf(n->link_summary, sizeof n->link_summary, "%s", in->link_summary ? in->link_summary : "");
     n->n_gpus = in->n_gpus < REG_GPU_MAX ? (in->n_gpus > 0 ? in->n_gpus : 0) : REG_GPU_MAX;
     for (int i = 0; i < n->n_gpus; i++) n->gpus[i] = in->gpus[i];
+    if (in->links && n->n_gpus > 0) {
+        if (!n->links && !(n->links = malloc(sizeof *n->links))) return st_errf(err, "Register: out of memory");
+        *n->links = *in->links;
+    } else {
+        free(n->links);
+        n->links = NULL;
+    }
     snprintf(n->data_address, sizeof n->data_address, "%s", in->data_address);
     n->running_sequences = n->kv_blocks_used = n->kv_blocks_free = 0;
     n->busy_fraction = 0;
@@ -217,6 +227,14 @@ int registry_undrain(registry *r, const char *name, st_err *err) {
     n->state = REG_READY;
     ST_INFO("registry: %s undrained (ready)", n->name);
     return 0;
+}
+
+bool reg_link_valid(const char *c) {
+    static const char *const k[] = {"X", "PIX", "PXB", "PHB", "NODE", "SYS"};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (!strcmp(c, k[i])) return true;
+    if (strncmp(c, "NV", 2) || c[2] < '1' || c[2] > '9') return false;
+    return !c[3] || (c[3] >= '0' && c[3] <= '9' && !c[4]);
 }
 
 bool registry_usable(const reg_node *n) {

@@ -48,7 +48,24 @@ typedef struct reg_gpu {
     char name[64];
     uint64_t memory;   /* bytes */
     char pci_bus_id[16];
+    int numa;          /* NUMA node, -1 = unknown */
 } reg_gpu;
+
+#define REG_NIC_MAX 32
+#define REG_LINK_CELL 8
+
+/* A GPU node's link matrix as it registered it (Gpu.links, Gpu.nic_links,
+ * RegisterRequest.nics): the classes of `nvidia-smi topo -m` ("X", "NV18",
+ * "PIX", "PXB", "PHB", "NODE", "SYS"), GPUs in Device.gpus order. */
+typedef struct reg_links {
+    int n_nic;
+    char nic[REG_NIC_MAX][32];
+    char gg[REG_GPU_MAX][REG_GPU_MAX][REG_LINK_CELL]; /* GPU i to GPU j */
+    char gn[REG_GPU_MAX][REG_NIC_MAX][REG_LINK_CELL]; /* GPU i to NIC k */
+} reg_links;
+
+/* True when cell is one of the classes above ("NV<n>": n in 1..99). */
+bool reg_link_valid(const char *cell);
 
 typedef struct reg_node {
     char name[REG_NAME_MAX];
@@ -64,6 +81,7 @@ typedef struct reg_node {
     char link_summary[256];    /* one line for stratactl nodes; "" = none */
     int n_gpus;
     reg_gpu gpus[REG_GPU_MAX];
+    reg_links *links;          /* NULL: not reported; owned (only GPU nodes pay for it) */
     uint32_t numa_nodes;
     char data_address[REG_ADDR_MAX];
     /* last heartbeat */
@@ -103,6 +121,7 @@ typedef struct reg_info {
     const char *link_summary; /* NULL = none */
     int n_gpus;
     const reg_gpu *gpus;
+    const reg_links *links;   /* NULL = none; copied. Its rows are n_gpus long. */
 } reg_info;
 
 void registry_init(registry *r, uint32_t heartbeat_ms, uint32_t suspect_after_missed,

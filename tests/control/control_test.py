@@ -272,6 +272,45 @@ def mode_register(cl, args):
     rc, out, err = cl.ctl("placement", "set", "--stages", "w-a:0-1,w-zz:2-4")
     check(rc == 1 and "unknown node" in err, "stratactl placement set with an unknown node: exit 1, %r" % err.strip())
 
+    # ---- a GPU node's devices and link matrix (issue 13): kept, listed, printed
+    import hashlib
+    with open(cl.model, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    model = pb.ModelFile(name=os.path.basename(cl.model), size_bytes=os.path.getsize(cl.model), sha256=sha)
+
+    def gpu_node(name, rows, nic_rows, nics=("mlx5_0",)):
+        gpus = [pb.Gpu(name="NVIDIA H100 80GB HBM3", memory_bytes=80 << 30, pci_bus_id="0000:%02x:00.0" % (0x17 + i),
+                       links=rows[i], nic_links=nic_rows[i], numa_node=i) for i in range(len(rows))]
+        return pb.RegisterRequest(node=name, data_address="127.0.0.1:1", host_memory_bytes=1 << 40,
+                                  devices=[pb.Device(kind="cuda", count=len(rows), memory_bytes=80 << 30, gpus=gpus)],
+                                  models=[model], tp_limit=2, nics=list(nics),
+                                  link_summary="2 GPU, TP<=2 (2 of 2 GPUs NVLinked (NV18 or more)); 1 NIC, nearest PIX..SYS")
+
+    good = gpu_node("w-gpu", [["X", "NV18"], ["NV18", "X"]], [["PIX"], ["SYS"]])
+    check(cl.stub.Register(good, timeout=5).lease_id != 0, "a GPU node with its link matrix registers")
+    g = cl.nodes()["w-gpu"]
+    d = g.devices[0]
+    check(d.kind == "cuda" and len(d.gpus) == 2 and list(d.gpus[1].links) == ["NV18", "X"] and
+          list(d.gpus[1].nic_links) == ["SYS"] and d.gpus[1].numa_node == 1 and list(g.nics) == ["mlx5_0"] and
+          g.tp_limit == 2, "ListNodes: the GPUs' links, NIC distances and NUMA nodes as registered")
+    rc, out, err = cl.ctl("nodes")
+    lines = [l.split() for l in out.splitlines()]
+    check(rc == 0 and "  gpu 1: NVIDIA H100 80GB HBM3, 80.0 GiB, 0000:18:00.0, NUMA 1" in out.splitlines() and
+          ["topo", "GPU0", "GPU1", "mlx5_0"] in lines and ["GPU0", "X", "NV18", "PIX"] in lines and
+          ["GPU1", "NV18", "X", "SYS"] in lines and not any(l.endswith(" ") for l in out.splitlines()),
+          "stratactl nodes: GPUs, links and the matrix:\n%s" % out)
+    for label, req, words in [
+            ("a short row", gpu_node("w-gpu2", [["X", "NV18"], ["NV18"]], [["PIX"], ["SYS"]]), ["GPU 1: 1 links"]),
+            ("X off the diagonal", gpu_node("w-gpu2", [["X", "X"], ["NV18", "X"]], [["PIX"], ["SYS"]]),
+             ["GPU 0: link to GPU 1 is 'X'"]),
+            ("an unknown class", gpu_node("w-gpu2", [["X", "NV0"], ["NV18", "X"]], [["PIX"], ["SYS"]]),
+             ["'NV0'"]),
+            ("a NIC column missing", gpu_node("w-gpu2", [["X", "NV18"], ["NV18", "X"]], [["PIX"], []]),
+             ["0 NIC links, want 2 and 1"])]:
+        bad(lambda: cl.stub.Register(req, timeout=5), grpc.StatusCode.INVALID_ARGUMENT, ["w-gpu2"] + words,
+            "Register with a malformed link matrix: " + label)
+    check("w-gpu2" not in cl.nodes(), "the malformed registrations left no node")
+
 
 def mode_move(cl, args):
     rs = refs(args)

@@ -35,7 +35,7 @@ static void test_auto(void) {
     int code = 0;
     st_err err = {{0}};
     /* equal nodes: vLLM's even split, remainder to the earlier stages (2,2,1) */
-    place_node eq[3] = {{"a", 1ull << 30, 1}, {"b", 1ull << 30, 1}, {"c", 1ull << 30, 1}};
+    place_node eq[3] = {{"a", 1ull << 30, 1, 0}, {"b", 1ull << 30, 1, 0}, {"c", 1ull << 30, 1, 0}};
     CHECK(place_auto(&m, eq, 3, &p, &code, &err) == 0);
     CHECK_EQ_INT(p.n_stages, 3);
     CHECK_EQ_INT(p.st[0].first, 0);
@@ -45,18 +45,18 @@ static void test_auto(void) {
     CHECK_EQ_INT(p.st[2].last, 4);
     CHECK_EQ_STR(p.st[2].node, "c");
     /* proportional to memory: a has 3x b's room -> 4 and 1 (within what fits) */
-    place_node pr[2] = {{"a", 6 * MIB, 1}, {"b", 2 * MIB, 2}};
+    place_node pr[2] = {{"a", 6 * MIB, 1, 0}, {"b", 2 * MIB, 2, 0}};
     CHECK(place_auto(&m, pr, 2, &p, &code, &err) == 0);
     CHECK_EQ_INT(p.n_stages, 2);
     CHECK_EQ_INT(p.st[0].last, 3);
     CHECK_EQ_INT(p.st[1].first, 4);
     CHECK_EQ_INT(p.st[1].tp, 2);
     /* a node too small for one layer gets no stage */
-    place_node sm[3] = {{"a", 1ull << 30, 1}, {"b", 1ull << 30, 1}, {"tiny", MIB / 2, 1}};
+    place_node sm[3] = {{"a", 1ull << 30, 1, 0}, {"b", 1ull << 30, 1, 0}, {"tiny", MIB / 2, 1, 0}};
     CHECK(place_auto(&m, sm, 3, &p, &code, &err) == 0);
     CHECK_EQ_INT(p.n_stages, 2);
     /* does not fit: the message says by how much */
-    place_node few[2] = {{"a", 2 * MIB, 1}, {"b", 2 * MIB, 1}};
+    place_node few[2] = {{"a", 2 * MIB, 1, 0}, {"b", 2 * MIB, 1, 0}};
     CHECK(place_auto(&m, few, 2, &p, &code, &err) != 0);
     CHECK_EQ_INT(code, RPC_RESOURCE_EXHAUSTED);
     CHECK_MSG(strstr(err.msg, "short by") != NULL, "%s", err.msg);
@@ -67,7 +67,7 @@ static void test_auto(void) {
     char names[7][16];
     for (int i = 0; i < 7; i++) {
         snprintf(names[i], sizeof names[i], "n%d", i);
-        many[i] = (place_node){names[i], 1ull << 30, 1};
+        many[i] = (place_node){names[i], 1ull << 30, 1, 0};
     }
     CHECK(place_auto(&m, many, 7, &p, &code, &err) == 0);
     CHECK_EQ_INT(p.n_stages, 5);
@@ -75,7 +75,7 @@ static void test_auto(void) {
 
 static void test_explicit(void) {
     place_model m = model5();
-    place_node nodes[2] = {{"a", 1ull << 30, 1}, {"small", 3 * MIB, 1}};
+    place_node nodes[2] = {{"a", 1ull << 30, 1, 0}, {"small", 3 * MIB, 1, 0}};
     placement p;
     int code;
     st_err err = {{0}};
@@ -112,7 +112,7 @@ static void test_registry(void) {
     registry_init(&r, 100, 3, 1000, 42);
     st_err err = {{0}};
     uint64_t lease = 0;
-    reg_info in = {"n1", "cpu", 4, MIB, 4 * MIB, 1, "127.0.0.1:5000", 0, NULL, 0, NULL};
+    reg_info in = {"n1", "cpu", 4, MIB, 4 * MIB, 1, "127.0.0.1:5000", 0, NULL, 0, NULL, NULL};
     CHECK(registry_register(&r, &in, 10.0, &lease, &err) == 0);
     CHECK(lease != 0);
     reg_node *n = registry_find(&r, "n1");
@@ -136,9 +136,9 @@ static void test_registry(void) {
     CHECK(lease2 != lease && lease2 != 0);
     CHECK_EQ_INT(registry_heartbeat(&r, "n1", lease2, NULL, 11.4), 0);
     CHECK_EQ_INT(n->state, REG_READY);
-    reg_info bad = {"", "cpu", 1, 1, 1, 1, "x:1", 0, NULL, 0, NULL};
+    reg_info bad = {"", "cpu", 1, 1, 1, 1, "x:1", 0, NULL, 0, NULL, NULL};
     CHECK(registry_register(&r, &bad, 12, &lease, &err) != 0);
-    reg_info noaddr = {"n2", "cpu", 1, 1, 1, 1, "", 0, NULL, 0, NULL};
+    reg_info noaddr = {"n2", "cpu", 1, 1, 1, 1, "", 0, NULL, 0, NULL, NULL};
     CHECK(registry_register(&r, &noaddr, 12, &lease, &err) != 0);
 
     /* undrain: only a DRAINING node goes back to READY */
@@ -199,7 +199,7 @@ static void test_registry_many(void) {
     for (int i = 0; i < 5000; i++) {
         snprintf(name, sizeof name, "node-%05d", i);
         uint64_t lease;
-        reg_info in = {name, "cpu", 1, MIB, MIB, 1, "127.0.0.1:1", 0, NULL, 0, NULL};
+        reg_info in = {name, "cpu", 1, MIB, MIB, 1, "127.0.0.1:1", 0, NULL, 0, NULL, NULL};
         if (registry_register(&r, &in, 1.0, &lease, &err) != 0) CHECK(0);
     }
     CHECK_EQ_INT(r.n, 5000);
@@ -222,7 +222,7 @@ static void test_registry_many(void) {
     CHECK_EQ_INT(r.n, 5000 - 1667);
     /* a removed node that registers again is new */
     uint64_t lease;
-    reg_info again = {"node-00003", "cpu", 1, MIB, MIB, 1, "127.0.0.1:2", 0, NULL, 0, NULL};
+    reg_info again = {"node-00003", "cpu", 1, MIB, MIB, 1, "127.0.0.1:2", 0, NULL, 0, NULL, NULL};
     CHECK(registry_register(&r, &again, 2.0, &lease, &err) == 0);
     CHECK(registry_find(&r, "node-00003")->registrations == 1);
     registry_free(&r);
@@ -298,23 +298,175 @@ static void test_node_tp(void) {
     CHECK_EQ_INT(place_node_tp("cuda", 4, 8), 4);  /* never more than its GPUs */
     registry r;
     registry_init(&r, 1000, 3, 10000, 1);
-    reg_gpu g[2] = {{"NVIDIA H100 80GB HBM3", 85899345920ull, "0000:17:00.0"},
-                    {"NVIDIA H100 80GB HBM3", 85899345920ull, "0000:2a:00.0"}};
-    reg_info in = {"gpu-a", "cuda", 2, 85899345920ull, 4 * MIB, 2, "127.0.0.1:7001", 2, "2 GPU, TP<=2 (2 of 2 GPUs NVLinked (NV18 or more)); no NIC", 2, g};
+    reg_gpu g[2] = {{"NVIDIA H100 80GB HBM3", 85899345920ull, "0000:17:00.0", 0},
+                    {"NVIDIA H100 80GB HBM3", 85899345920ull, "0000:2a:00.0", 1}};
+    reg_links *lk = calloc(1, sizeof *lk);
+    REQUIRE(lk);
+    lk->n_nic = 1;
+    snprintf(lk->nic[0], sizeof lk->nic[0], "mlx5_0");
+    snprintf(lk->gg[0][0], REG_LINK_CELL, "X");
+    snprintf(lk->gg[0][1], REG_LINK_CELL, "NV18");
+    snprintf(lk->gg[1][0], REG_LINK_CELL, "NV18");
+    snprintf(lk->gg[1][1], REG_LINK_CELL, "X");
+    snprintf(lk->gn[0][0], REG_LINK_CELL, "PIX");
+    snprintf(lk->gn[1][0], REG_LINK_CELL, "SYS");
+    reg_info in = {"gpu-a", "cuda", 2, 85899345920ull, 4 * MIB, 2, "127.0.0.1:7001", 2, "2 GPU, TP<=2 (2 of 2 GPUs NVLinked (NV18 or more)); no NIC", 2, g, lk};
     uint64_t lease;
     st_err err;
     CHECK_EQ_INT(registry_register(&r, &in, 1.0, &lease, &err), 0);
+    free(lk); /* copied */
     const reg_node *n = registry_find(&r, "gpu-a");
     REQUIRE(n);
+    REQUIRE(n->links);
+    CHECK_EQ_STR(n->links->gg[1][0], "NV18");
+    CHECK_EQ_STR(n->links->gn[1][0], "SYS");
+    CHECK_EQ_STR(n->links->nic[0], "mlx5_0");
+    CHECK_EQ_INT(n->gpus[1].numa, 1);
+    /* the cell classes Register accepts */
+    CHECK(reg_link_valid("X") && reg_link_valid("NV1") && reg_link_valid("NV18") && reg_link_valid("PIX") &&
+          reg_link_valid("PXB") && reg_link_valid("PHB") && reg_link_valid("NODE") && reg_link_valid("SYS"));
+    CHECK(!reg_link_valid("") && !reg_link_valid("NV") && !reg_link_valid("NV0") && !reg_link_valid("NV100") &&
+          !reg_link_valid("pix") && !reg_link_valid("NVx") && !reg_link_valid("SYS "));
     CHECK_EQ_INT((int)n->tp_limit, 2);
     CHECK_EQ_INT(n->n_gpus, 2);
     CHECK_EQ_STR(n->gpus[1].pci_bus_id, "0000:2a:00.0");
     CHECK(strstr(n->link_summary, "NVLinked") != NULL);
     CHECK_EQ_INT(place_node_tp(n->device_kind, n->device_count, n->tp_limit), 2);
+    /* registering again without a matrix drops it; removal frees it (ASan) */
+    in.links = NULL;
+    CHECK_EQ_INT(registry_register(&r, &in, 2.0, &lease, &err), 0);
+    CHECK(registry_find(&r, "gpu-a")->links == NULL);
+    in.links = calloc(1, sizeof(reg_links));
+    REQUIRE(in.links);
+    CHECK_EQ_INT(registry_register(&r, &in, 3.0, &lease, &err), 0);
+    free((void *)in.links);
+    CHECK(registry_find(&r, "gpu-a")->links != NULL);
+    CHECK_EQ_INT(registry_remove(&r, "gpu-a"), 0);
+    in.name = "gpu-b";
+    in.links = NULL;
+    CHECK_EQ_INT(registry_register(&r, &in, 3.0, &lease, &err), 0);
     registry_free(&r);
 }
 
+/* A llama-3-8b-shaped model as control_service.c's model_info sees it (bf16
+ * weights, f32 norms; [cluster] defaults: 1024 KV blocks of 16 tokens,
+ * max_batch_tokens 512, max_seqs 64). */
+static place_model model_8b(void) {
+    place_model m;
+    memset(&m, 0, sizeof m);
+    const uint64_t E = 4096, H = 32, KVH = 8, HD = 128, FF = 14336, V = 128256;
+    m.n_layers = 32;
+    for (int l = 0; l < 32; l++)
+        m.layer_bytes[l] = (2 * E * H * HD + 2 * E * KVH * HD + 3 * FF * E) * 2 + 2 * E * 4;
+    m.embd_bytes = V * E * 2;
+    m.head_bytes = V * E * 2 + E * 4;
+    m.kv_bytes_per_layer = 1024ull * 16 * 2 * KVH * HD * 4;
+    m.act_tokens = 512;
+    m.act_token_rank = 3 * E * 4;
+    m.act_token_split = (2 * H * HD + 2 * KVH * HD + 2 * FF) * 4;
+    m.logits_bytes = 64 * (V + E) * 4;
+    return m;
+}
+
+/* The memory model (placement.h): weights + KV + activations per stage
+ * against each node's GPU memory at the stage's TP. */
+static void test_memory_model(void) {
+    place_model m = model_8b();
+    CHECK(m.layer_bytes[0] == 436240384ull);
+    CHECK(m.kv_bytes_per_layer == 134217728ull); /* 128 MiB */
+    /* the whole model on one stage: weights 16.06 GiB + KV 4 GiB + activations */
+    CHECK(place_stage_bytes(&m, 0, 31, 32) == 20356022272ull);
+    CHECK(place_stage_need(&m, 0, 31, 32, 1) == 20356022272ull + 104857600ull + 33882112ull);
+    /* TP 2: x/xn/o on both ranks (+ 512 * 49152 bytes) */
+    CHECK(place_stage_need(&m, 0, 31, 32, 2) == 20356022272ull + 130023424ull + 33882112ull);
+    /* a middle stage has no embedding, head or logits */
+    CHECK(place_stage_need(&m, 8, 15, 32, 1) == 8ull * (436240384ull + 134217728ull) + 104857600ull);
+    /* tied head: the last stage holds token_embd too, unless it is the first */
+    place_model t = m;
+    t.head_tied = true;
+    t.head_bytes = 4096 * 4;
+    CHECK(place_stage_bytes(&t, 16, 31, 32) == 16ull * 570458112ull + 16384 + 1050673152ull);
+    CHECK(place_stage_bytes(&t, 0, 31, 32) == 32ull * 570458112ull + 16384 + 1050673152ull);
+
+    /* nodes from what they registered: one GPU's memory * 0.9, TP by the link rule */
+    place_node h100 = place_node_make("h100", "cuda", 8, 85899345920ull, 1ull << 40, 8, 0.9);
+    CHECK_EQ_INT(h100.tp, 8);
+    CHECK_EQ_INT(h100.devices, 8);
+    CHECK(h100.memory == 77309411328ull); /* 72 GiB */
+    CHECK(place_node_capacity(&h100, 8) == 8 * 77309411328ull);
+    CHECK(place_node_capacity(&h100, 9) == 0);
+    place_node cpu = place_node_make("cpu", "cpu", 32, 0, 64ull << 30, 0, 0.9);
+    CHECK_EQ_INT(cpu.tp, 1);
+    CHECK_EQ_INT(cpu.devices, 0);
+    CHECK(place_node_capacity(&cpu, 4) == 64ull << 30); /* ranks are threads of one process */
+    place_node bad_util = place_node_make("x", "cuda", 1, 1000, 0, 0, 0);
+    CHECK(bad_util.memory == 900); /* the default 0.90 */
+
+    /* A PCIe-only box of 4 x 10 GiB: TP 2 by the rule, so a stage gets two
+     * GPUs (18 GiB usable), not four: the 8B model does not fit on it alone. */
+    place_node pcie = place_node_make("pcie", "cuda", 4, 10ull << 30, 1ull << 40, 0, 0.9);
+    CHECK_EQ_INT(pcie.tp, 2);
+    placement p;
+    int code = 0;
+    st_err err = {{0}};
+    CHECK(place_auto(&m, &pcie, 1, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_RESOURCE_EXHAUSTED);
+    /* needs 20356022272 + 130023424 + 33882112 = 19.11 GiB; offers 18.00 GiB */
+    CHECK_MSG(strstr(err.msg, "needs 19.11 GiB") && strstr(err.msg, "offer 18.00 GiB") &&
+                  strstr(err.msg, "short by 1.11 GiB"),
+              "%s", err.msg);
+    /* Two such boxes: each stage at TP 2 within 18 GiB; the first has the
+     * embedding, the last the head and logits: 16.0 and 15.9 layers of room
+     * -> 16 + 15, the remaining layer to the earlier stage. */
+    place_node two[2] = {place_node_make("pcie-a", "cuda", 4, 10ull << 30, 1ull << 40, 0, 0.9),
+                         place_node_make("pcie-b", "cuda", 4, 10ull << 30, 1ull << 40, 0, 0.9)};
+    CHECK(place_auto(&m, two, 2, &p, &code, &err) == 0);
+    CHECK_EQ_INT(p.n_stages, 2);
+    CHECK_EQ_INT(p.st[0].last, 16);
+    CHECK_EQ_INT(p.st[1].first, 17);
+    CHECK(place_stage_need(&m, 0, 16, 32, 2) <= place_node_capacity(&two[0], 2));
+    CHECK_EQ_INT(p.st[0].tp, 2);
+    CHECK_EQ_INT(p.st[1].tp, 2);
+    /* By GPU memory: an 8 x 80 GiB node beside a 1 x 24 GiB node takes the
+     * layers in proportion (the small node gets what fits: 38 GiB vs 576 GiB). */
+    place_node mixed[2] = {h100, place_node_make("l4", "cuda", 1, 24ull << 30, 1ull << 40, 0, 0.9)};
+    CHECK(place_auto(&m, mixed, 2, &p, &code, &err) == 0);
+    CHECK_EQ_INT(p.n_stages, 2);
+    CHECK_EQ_STR(p.st[0].node, "h100");
+    CHECK_EQ_INT(p.st[0].tp, 8);
+    CHECK_EQ_INT(p.st[1].tp, 1);
+    CHECK(place_stage_need(&m, p.st[1].first, p.st[1].last, 32, 1) <= place_node_capacity(&mixed[1], 1));
+    /* 574.8 GiB vs 20.5 GiB left for layers: 30.9 -> 30 and 1.1 -> 1, the
+     * remaining layer to the earlier stage */
+    CHECK_EQ_INT(p.st[0].last, 30);
+    CHECK_EQ_INT(p.st[1].first, 31);
+    /* A stage that fits nowhere: a 512 MiB GPU cannot hold one layer + activations. */
+    place_node tiny = place_node_make("tiny", "cuda", 1, 512ull << 20, 1ull << 40, 0, 0.9);
+    CHECK(place_auto(&m, &tiny, 1, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(err.msg, "no node can hold one layer") && strstr(err.msg, "544.03 MiB") &&
+                  strstr(err.msg, "100.00 MiB of activations"),
+              "%s", err.msg);
+
+    /* Explicit placements: the stage's own TP decides the capacity. */
+    place_node nodes[2] = {pcie, h100};
+    place_stage tp4[2] = {{"pcie", 0, 15, 4}, {"h100", 16, 31, 0}}; /* above the rule: an override */
+    CHECK(place_check_explicit(&m, nodes, 2, tp4, 2, &p, &code, &err) == 0);
+    CHECK_EQ_INT(p.st[0].tp, 4);
+    CHECK_EQ_INT(p.st[1].tp, 8);
+    place_stage tp8[2] = {{"pcie", 0, 15, 8}, {"h100", 16, 31, 0}};
+    CHECK(place_check_explicit(&m, nodes, 2, tp8, 2, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err.msg, "TP 8 on pcie, which has 4 GPU(s)") != NULL, "%s", err.msg);
+    place_stage tp1[2] = {{"pcie", 0, 15, 1}, {"h100", 16, 31, 0}}; /* one 9 GiB GPU for 16 layers */
+    CHECK(place_check_explicit(&m, nodes, 2, tp1, 2, &p, &code, &err) != 0);
+    CHECK_EQ_INT(code, RPC_RESOURCE_EXHAUSTED);
+    CHECK_MSG(strstr(err.msg, "stage 0: layers 0-15 at TP 1 need 9.58 GiB") && strstr(err.msg, "offers 9.00 GiB"),
+              "%s", err.msg);
+}
+
 int main(void) {
+    test_memory_model();
     test_node_tp();
     test_auto();
     test_explicit();

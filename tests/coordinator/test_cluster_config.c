@@ -55,9 +55,29 @@ static void test_data_plane_keys(void) {
                  "cluster_key_file must not be empty");
 }
 
+/* gpu_memory_utilization (placement's memory model, docs/control-api.md). */
+static void test_gpu_memory_utilization(void) {
+    coord_config c;
+    st_err e;
+    REQUIRE_MSG(parse("[cluster]\nmodel = m.gguf\n[stage.0]\naddress = 1.2.3.4:5\n", &c, &e) == 0, "%s", e.msg);
+    CHECK(c.gpu_memory_utilization == 0.90);
+    coord_config_free(&c);
+    REQUIRE_MSG(parse("[cluster]\nmodel = m.gguf\ngpu_memory_utilization = 0.75\n[stage.0]\naddress = 1.2.3.4:5\n",
+                      &c, &e) == 0, "%s", e.msg);
+    CHECK(c.gpu_memory_utilization == 0.75);
+    coord_config_free(&c);
+    expect_error("[cluster]\nmodel = m\ngpu_memory_utilization = 1.5\n[stage.0]\naddress=a:1\n",
+                 "c.ini:3: [cluster]: gpu_memory_utilization = '1.5': expected a fraction in (0, 1]");
+    expect_error("[cluster]\nmodel = m\ngpu_memory_utilization = 0\n[stage.0]\naddress=a:1\n",
+                 "expected a fraction in (0, 1]");
+    expect_error("[cluster]\nmodel = m\ngpu_memory_utilization = 90%\n[stage.0]\naddress=a:1\n",
+                 "expected a fraction in (0, 1]");
+}
+
 int main(void) {
     coord_config c;
     st_err e;
+    test_gpu_memory_utilization();
     test_prefix_caching_key();
     test_data_plane_keys();
     const char *full =

@@ -167,6 +167,8 @@ static void test_nvswitch_node(void) {
     gpu_links l;
     fabric_links(n, &l);
     CHECK_EQ_INT(l.n_nic, 9);
+    CHECK_EQ_STR(l.busid[0], "0000:03:00.0"); /* registration matches CUDA's GPUs by it */
+    CHECK_EQ_INT(l.gpu_numa[7], 1);
     CHECK_EQ_INT(l.gn[0][0].cls, LINK_PIX);
     CHECK_EQ_INT(l.gn[0][1].cls, LINK_NODE);
     CHECK_EQ_INT(l.gn[0][5].cls, LINK_SYS);

@@ -192,7 +192,46 @@ static void test_nvml(void) {
     else CHECK(gpu_links_tp_rule(&here, NULL, 0) >= 1);
 }
 
+/* Registration's order: the matrix by CUDA's device order, matched by PCI
+ * bus id (the 2-socket box: GPUs 0-1 on NUMA 0, 2-3 on NUMA 1). */
+static void test_reorder(void) {
+    gpu_links l, o;
+    st_err err = {{0}};
+    CHECK_EQ_INT(gpu_links_parse_smi(slurp("2socket-4gpu.txt"), &l, &err), 0);
+    static const char *const bus[4] = {"0000:17:00.0", "0000:31:00.0", "0000:b1:00.0", "0000:ca:00.0"};
+    for (int i = 0; i < 4; i++) snprintf(l.busid[i], sizeof l.busid[i], "%s", bus[i]);
+    /* CUDA lists the second socket's GPUs first, with NVML's 8-digit domain */
+    const char *cuda[4] = {"00000000:CA:00.0", "00000000:B1:00.0", "0000:17:00.0", "0000:31:00.0"};
+    CHECK_EQ_INT(gpu_links_reorder(&l, cuda, 4, &o, &err), 0);
+    CHECK_EQ_INT(o.n_gpu, 4);
+    CHECK_EQ_STR(o.busid[0], "0000:ca:00.0");
+    CHECK_EQ_INT(o.gpu_numa[0], 1);
+    CHECK_EQ_INT(o.gpu_numa[2], 0);
+    CHECK_EQ_STR(cls(o.gg[0][0]), "X");
+    CHECK_EQ_STR(cls(o.gg[0][1]), "NODE"); /* both on socket 1 */
+    CHECK_EQ_STR(cls(o.gg[0][2]), "SYS");
+    CHECK_EQ_STR(cls(o.gg[2][3]), "NODE");
+    CHECK_EQ_STR(cls(o.gn[0][1]), cls(l.gn[3][1])); /* NIC columns unchanged */
+    CHECK_EQ_STR(cls(o.gn[2][0]), cls(l.gn[0][0]));
+    CHECK_EQ_INT(o.n_nic, 2);
+    /* a subset (CUDA_VISIBLE_DEVICES=2,0) */
+    const char *two[2] = {"0000:b1:00.0", "0000:17:00.0"};
+    CHECK_EQ_INT(gpu_links_reorder(&l, two, 2, &o, &err), 0);
+    CHECK_EQ_INT(o.n_gpu, 2);
+    CHECK_EQ_STR(cls(o.gg[0][1]), "SYS");
+    CHECK_EQ_INT(gpu_links_tp_rule(&o, NULL, 0), 2);
+    const char *gone[1] = {"0000:99:00.0"};
+    CHECK_EQ_INT(gpu_links_reorder(&l, gone, 1, &o, &err), -1);
+    CHECK_MSG(strstr(err.msg, "GPU 0 (0000:99:00.0) is not among the 4 GPUs") != NULL, "%s", err.msg);
+    const char *junk[1] = {"17:00"};
+    CHECK_EQ_INT(gpu_links_reorder(&l, junk, 1, &o, &err), -1);
+    CHECK_MSG(strstr(err.msg, "'17:00' is not a PCI bus id") != NULL, "%s", err.msg);
+    const char *trailing[1] = {"0000:17:00.0x"};
+    CHECK_EQ_INT(gpu_links_reorder(&l, trailing, 1, &o, &err), -1);
+}
+
 int main(void) {
+    test_reorder();
     test_nvml();
     test_dgx();
     test_pcie_box();
