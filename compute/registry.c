@@ -58,9 +58,11 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static const backend_module *g_cuda;
 static char g_cuda_why[512];
 static int g_cuda_tried;
+static char g_cuda_path[PATH_MAX + 64]; /* the module file opened (for the log) */
 
 /* dlopen of path; on failure appends the loader's reason to why. */
 static void *try_open(const char *path, char *why, size_t cap) {
+    snprintf(g_cuda_path, sizeof g_cuda_path, "%s", path);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         size_t used = strlen(why);
@@ -91,7 +93,8 @@ static void *open_cuda_module(char *why, size_t cap) {
         static const char *const rel[] = {"", "/../lib", "/../lib/strata"};
         for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
             snprintf(path, sizeof path, "%s%s/%s", exe, rel[i], CUDA_MODULE_FILE);
-            if (access(path, R_OK) == 0) return try_open(path, why, cap);
+            char real[PATH_MAX];
+            if (access(path, R_OK) == 0) return try_open(realpath(path, real) ? real : path, why, cap);
         }
     }
 #ifdef STRATA_MODULE_DIR
@@ -120,7 +123,7 @@ static const backend_module *load_cuda(st_err *err) {
             /* The handle stays open for the process: its table is referenced. */
             if (!g_cuda) dlclose(h);
         }
-        if (g_cuda) ST_INFO("backend: cuda module loaded (%d device(s))", g_cuda->device_count());
+        if (g_cuda) ST_INFO("backend: cuda module %s loaded (%d device(s))", g_cuda_path, g_cuda->device_count());
         else ST_INFO("backend: cuda module not loaded: %s", g_cuda_why);
     }
     const backend_module *m = g_cuda;
