@@ -67,21 +67,26 @@ struct worker_cli {
     char model_dir_buf[4096];
     bool insecure;
     int act_transport;           /* --activation-transport (enum act_override) */
+    fabric_config fabric; /* --ib-tc, --ib-sl, --qps-per-connection, --socket-ifname */
 };
 
 static int parse_options(int argc, char **argv, struct worker_cli *o);
 static int run(const struct worker_cli *o);
 
-/* The NCCL/UCX fabric settings of this node's topology (ib/fabric_env.h),
- * set in this process's environment before UCX (and NCCL, in a CUDA stage)
- * initialise; a variable the operator set wins, and the log says which did. */
-static void apply_fabric_env(void)
+/* The NCCL/UCX fabric settings of this node's topology (ib/fabric_env.h) and
+ * its config (cfg: the fabric QoS policy), set in this process's environment
+ * before UCX (and NCCL, in a CUDA stage) initialise; a variable the operator
+ * set wins, and the log says which did. The topology is read under
+ * $STRATA_SYSFS_ROOT when set (a host's /sys mounted elsewhere in a
+ * container; a fixture tree in tests), else "/". */
+static void apply_fabric_env(const fabric_config *cfg)
 {
     fabric_node *n = calloc(1, sizeof *n);
     fabric_env e;
     st_err err = {{0}};
     if (!n) return;
-    if (fabric_scan("/", n, &err) == 0 && fabric_derive(n, NULL, &e, &err) == 0)
+    const char *root = getenv("STRATA_SYSFS_ROOT");
+    if (fabric_node_detect(root && *root ? root : "/", n, &err) == 0 && fabric_derive(n, cfg, &e, &err) == 0)
         fabric_env_apply(&e);
     else
         ST_WARN("fabric: NCCL/UCX settings not derived: %s", err.msg);
@@ -90,7 +95,7 @@ static void apply_fabric_env(void)
 
 int main(int argc, char **argv)
 {
-    struct worker_cli o = {0};
+    struct worker_cli o = {.fabric = FABRIC_CONFIG_DEFAULT};
     int rc = parse_options(argc, argv, &o);
     if (rc < 0) rc = run(&o);
     for (int i = 0; i < o.n_models; i++) free(o.models[i]);
@@ -123,7 +128,11 @@ static void usage(FILE *f)
             "                      empty: none; docs/security.md)\n"
             "  --insecure          allow a non-loopback --listen without a cluster key (logs a warning)\n"
             "  --activation-transport auto|ucx|nccl  how activations cross this worker's pipeline\n"
-            "                      boundaries (default auto; docs/cuda-backend.md)\n");
+            "                      boundaries (default auto; docs/cuda-backend.md)\n"
+            "  --ib-tc N, --ib-sl N, --qps-per-connection N, --socket-ifname IF\n"
+            "                      the fabric policy behind NCCL_IB_TC/UCX_IB_TRAFFIC_CLASS (0-255), NCCL_IB_SL\n"
+            "                      (0-15), NCCL_IB_QPS_PER_CONNECTION (1-128) and NCCL_SOCKET_IFNAME; the rest\n"
+            "                      of the NCCL/UCX settings come from the topology (docs/worker.md)\n");
 }
 
 static int bad(const char *fmt, const char *arg)
@@ -191,6 +200,10 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
                                          {"cluster-key-file", required_argument, 0, 1001},
                                          {"insecure", no_argument, 0, 1002},
                                          {"activation-transport", required_argument, 0, 1003},
+                                         {"ib-tc", required_argument, 0, 1004},
+                                         {"ib-sl", required_argument, 0, 1005},
+                                         {"qps-per-connection", required_argument, 0, 1006},
+                                         {"socket-ifname", required_argument, 0, 1007},
                                          {"help", no_argument, 0, 'h'},
                                          {"version", no_argument, 0, 'V'},
                                          {0, 0, 0, 0}};
@@ -241,6 +254,15 @@ static int parse_options(int argc, char **argv, struct worker_cli *o)
             enum act_override v;
             if (act_override_parse(optarg, &v)) return bad("--activation-transport '%s' is not auto, ucx or nccl", optarg);
             o->act_transport = (int)v;
+            break;
+        }
+        case 1004:
+        case 1005:
+        case 1006:
+        case 1007: {
+            static const char *const flag[] = {"--ib-tc", "--ib-sl", "--qps-per-connection", "--socket-ifname"};
+            st_err ferr;
+            if (fabric_config_option(&o->fabric, flag[c - 1004], optarg, &ferr) != 0) return bad("%s", ferr.msg);
             break;
         }
         case 'h': usage(stdout); return 0;
@@ -392,7 +414,7 @@ static int run(const struct worker_cli *o)
         event_base_free(base);
         return 1;
     }
-    apply_fabric_env();
+    apply_fabric_env(&o->fabric);
     worker_opts wo = {.listen_host = o->host, .listen_port = o->port, .name = o->name, .n_threads = o->threads,
                       .models = (const char *const *)o->models, .n_models = o->n_models, .key = key,
                       .model_dir = o->model_dir, .activation_transport = o->act_transport};

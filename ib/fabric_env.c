@@ -3,6 +3,7 @@
 #include "ib/fabric_env.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -191,6 +192,15 @@ int fabric_node_from_rdma(const rdma_device *devs, int n, fabric_node *out, st_e
     return 0;
 }
 
+int fabric_node_detect(const char *sysroot, fabric_node *out, st_err *err) {
+    if (fabric_scan(sysroot, out, err) != 0) return -1;
+    if (out->n_port > 0 || strcmp(sysroot, "/")) return 0;
+    rdma_device devs[16];
+    int n = rdma_list_devices(devs, 16, err);
+    if (n <= 0) return n < 0 ? -1 : 0;
+    return fabric_node_from_rdma(devs, n, out, err); /* no PCI paths: no GPU distances either */
+}
+
 /* ---------------------------------------------------------------- derivation */
 
 static int put(fabric_env *e, const char *key, const char *value, st_err *err) {
@@ -206,6 +216,31 @@ static int putf(fabric_env *e, const char *key, int v, st_err *err) {
     char b[16];
     snprintf(b, sizeof b, "%d", v);
     return put(e, key, b, err);
+}
+
+/* The variable just put came from the node's config. */
+static void from_config(fabric_env *e) { e->v[e->n - 1].from_config = true; }
+
+int fabric_config_option(fabric_config *cfg, const char *flag, const char *value, st_err *err) {
+    if (!strcmp(flag, "--socket-ifname")) {
+        if (!value[0] || strlen(value) > 64 || strpbrk(value, " \t\n'\"$\\="))
+            return st_errf(err, "--socket-ifname '%s' is not an interface name", value);
+        cfg->socket_ifname = value;
+        return 0;
+    }
+    long lo, hi;
+    int *dst;
+    if (!strcmp(flag, "--ib-tc")) lo = 0, hi = 255, dst = &cfg->ib_tc;
+    else if (!strcmp(flag, "--ib-sl")) lo = 0, hi = 15, dst = &cfg->ib_sl;
+    else if (!strcmp(flag, "--qps-per-connection")) lo = 1, hi = 128, dst = &cfg->qps_per_connection;
+    else return 1;
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (!*value || *end || errno || v < lo || v > hi)
+        return st_errf(err, "%s '%s' is not a number in %ld..%ld", flag, value, lo, hi);
+    *dst = (int)v;
+    return 0;
 }
 
 static void note(fabric_env *e, const char *msg) {
@@ -297,19 +332,32 @@ int fabric_derive(const fabric_node *node, const fabric_config *cfg_in, fabric_e
         char v[80];
         snprintf(v, sizeof v, "=%s", cfg.socket_ifname);
         if (put(out, "NCCL_SOCKET_IFNAME", v, err)) return -1;
+        from_config(out);
     } else if (roce_netdev) {
         char v[80];
         snprintf(v, sizeof v, "=%s", roce_netdev);
         if (put(out, "NCCL_SOCKET_IFNAME", v, err)) return -1;
     }
-    if (n_rail && cfg.ib_tc >= 0 && putf(out, "NCCL_IB_TC", cfg.ib_tc, err)) return -1;
-    if (n_rail && cfg.ib_sl >= 0 && putf(out, "NCCL_IB_SL", cfg.ib_sl, err)) return -1;
+    if (n_rail && cfg.ib_tc >= 0) {
+        if (putf(out, "NCCL_IB_TC", cfg.ib_tc, err)) return -1;
+        from_config(out);
+    }
+    if (n_rail && cfg.ib_sl >= 0) {
+        if (putf(out, "NCCL_IB_SL", cfg.ib_sl, err)) return -1;
+        from_config(out);
+    }
     int qps = cfg.qps_per_connection ? cfg.qps_per_connection : (roce ? 4 : 0);
-    if (n_rail && qps && putf(out, "NCCL_IB_QPS_PER_CONNECTION", qps, err)) return -1;
+    if (n_rail && qps) {
+        if (putf(out, "NCCL_IB_QPS_PER_CONNECTION", qps, err)) return -1;
+        if (cfg.qps_per_connection) from_config(out);
+    }
     if (n_rail) {
         if (put(out, "UCX_NET_DEVICES", ucx, err)) return -1;
         if (gid >= 0 && putf(out, "UCX_IB_GID_INDEX", gid, err)) return -1;
-        if (cfg.ib_tc >= 0 && putf(out, "UCX_IB_TRAFFIC_CLASS", cfg.ib_tc, err)) return -1;
+        if (cfg.ib_tc >= 0) {
+            if (putf(out, "UCX_IB_TRAFFIC_CLASS", cfg.ib_tc, err)) return -1;
+            from_config(out);
+        }
     }
     if (roce && ib) note(out, "rails mix InfiniBand and RoCE ports");
     return 0;
@@ -361,7 +409,8 @@ int fabric_env_apply(const fabric_env *e) {
             continue;
         }
         if (setenv(e->v[i].key, e->v[i].value, 0) == 0) {
-            ST_INFO("fabric: %s=%s (derived from the topology)", e->v[i].key, e->v[i].value);
+            ST_INFO("fabric: %s=%s (%s)", e->v[i].key, e->v[i].value,
+                    e->v[i].from_config ? "from the node's config" : "derived from the topology");
             set++;
         }
     }

@@ -72,9 +72,17 @@ typedef struct fabric_config {
 } fabric_config;
 #define FABRIC_CONFIG_DEFAULT ((fabric_config){-1, -1, 0, NULL})
 
+/* The node-config flags strata-topo and strata-worker share: flag is
+ * "--ib-tc" (0..255), "--ib-sl" (0..15), "--qps-per-connection" (1..128) or
+ * "--socket-ifname" (an interface name). 0 when set, 1 when flag is not one of
+ * them, -1 + err ("--ib-sl '16' is not a number in 0..15") on a bad value.
+ * value must outlive cfg (socket_ifname points into it). */
+int fabric_config_option(fabric_config *cfg, const char *flag, const char *value, st_err *err);
+
 typedef struct fabric_var {
     char key[40];
     char value[1024];
+    bool from_config; /* the node's config (fabric_config), not the topology */
 } fabric_var;
 
 typedef struct fabric_env {
@@ -90,6 +98,13 @@ typedef struct fabric_env {
  * `sysroot` ("/" on a node, a fixture tree in tests). Missing directories are
  * no devices, not an error. 0, or -1 + err on an unreadable tree. */
 int fabric_scan(const char *sysroot, fabric_node *out, st_err *err);
+
+/* This node as every tool derives it (strata-topo, strata-rdma-devices, the
+ * worker): fabric_scan(sysroot); on the real root ("/") with no port in
+ * /sys/class/infiniband (a container) the verbs device list instead
+ * (fabric_node_from_rdma: no PCI paths, every active port a rail). 0, or -1
+ * + err. */
+int fabric_node_detect(const char *sysroot, fabric_node *out, st_err *err);
 
 /* Ports of rdma_list_devices' devices (no PCI paths, no GPUs). 0, or -1 +
  * err with more than FABRIC_MAX_PORTS ports. */
@@ -112,7 +127,12 @@ const char *fabric_env_get(const fabric_env *e, const char *key);
 void fabric_env_print(FILE *f, const fabric_env *e);
 
 /* Sets each variable in this process's environment unless the operator set it
- * already (the operator wins); logs one line per variable saying which won.
+ * already (the operator wins, also with an empty value); logs one line per
+ * variable saying which won:
+ *   fabric: NCCL_IB_HCA==mlx5_0:1 (derived from the topology)
+ *   fabric: NCCL_IB_TC=106 (from the node's config)
+ *   fabric: NCCL_IB_GID_INDEX=5 from the operator's environment wins (derived: 3)
+ *   fabric: NCCL_IB_SL=3 (operator's environment, same as derived)
  * Returns how many were set. Call before UCX or NCCL initialise. */
 int fabric_env_apply(const fabric_env *e);
 

@@ -72,21 +72,17 @@ int main(int argc, char **argv)
         case 'o': output = optarg; break;
         case 't':
         case 's':
-        case 'q': {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            long lo = c == 'q' ? 1 : 0, hi = c == 't' ? 255 : c == 's' ? 15 : 128;
-            if (!*optarg || *end || v < lo || v > hi) {
-                fprintf(stderr, "strata-topo: error: %s '%s' is not a number in %ld..%ld\n", argv[optind - 1],
-                        optarg, lo, hi);
+        case 'q':
+        case 'i': {
+            st_err ferr;
+            const char *flag = c == 't' ? "--ib-tc" : c == 's' ? "--ib-sl" : c == 'q' ? "--qps-per-connection"
+                                                                                        : "--socket-ifname";
+            if (fabric_config_option(&cfg, flag, optarg, &ferr) != 0) {
+                fprintf(stderr, "strata-topo: error: %s\n", ferr.msg);
                 return 2;
             }
-            if (c == 't') cfg.ib_tc = (int)v;
-            else if (c == 's') cfg.ib_sl = (int)v;
-            else cfg.qps_per_connection = (int)v;
             break;
         }
-        case 'i': cfg.socket_ifname = optarg; break;
         case 'r': sysroot = optarg; break;
         case 'h': usage(stdout); return 0;
         case 'V': st_version_print(stdout, "strata-topo"); return 0;
@@ -118,10 +114,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "strata-topo: out of memory\n");
         return 1;
     }
-    int frc = fabric_scan(sysroot, node, &err);
-    if (frc == 0 && node->n_port == 0 && n > 0 && !strcmp(sysroot, "/")) {
-        frc = fabric_node_from_rdma(devs, n, node, &err); /* no PCI paths: every active port is a rail */
-    }
+    int frc = fabric_node_detect(sysroot, node, &err);
     if (frc == 0) frc = fabric_derive(node, &cfg, &fe, &err);
     free(node);
     if (frc != 0) {

@@ -56,9 +56,10 @@ for u in worker coordinator worker@; do
 done
 wf=$src/systemd/strata-worker.service
 check "worker: strata-topo writes nccl.env before start" grep -qx 'ExecStartPre=-/usr/local/bin/strata-topo --nccl-env --output /run/strata-worker/nccl.env \$STRATA_TOPO_ARGS' "$wf"
-check "worker: nccl.env read before strata-worker.env (the operator's file wins)" \
-  test "$(grep -n '^EnvironmentFile=-/run/strata-worker/nccl.env' "$wf" | cut -d: -f1)" -lt \
-       "$(grep -n '^EnvironmentFile=/etc/strata/strata-worker.env' "$wf" | cut -d: -f1)"
+check "worker: nccl.env is not loaded (the worker derives the settings itself; an operator's NCCL_* wins, logged)" \
+  bash -c "! grep -q '^EnvironmentFile=.*nccl.env' '$wf'"
+check "worker: the fabric policy (STRATA_TOPO_ARGS) reaches strata-worker" \
+  grep -q '^ExecStart=/usr/local/bin/strata-worker .*\$STRATA_TOPO_ARGS' "$wf"
 check "worker: RuntimeDirectory for nccl.env" grep -qx 'RuntimeDirectory=strata-worker' "$wf"
 check "worker: devices stay visible (GPUs, uverbs)" bash -c "! grep -q '^PrivateDevices=yes' '$wf'"
 check "worker: no ProcSubset=pid (it reads /proc/meminfo, /proc/cpuinfo)" bash -c "! grep -q '^ProcSubset=' '$wf'"

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# test_topo_tool.sh TOPO — strata-topo as the worker unit runs it: the report
+# test_topo_tool.sh TOPO [WORKER [RDMA_DEVICES]] — strata-topo as the worker unit runs it: the report
 # (CPU count = nproc, the NUMA nodes of sysfs, RDMA devices), --nccl-env on
 # stdout and into a file (atomically, the format systemd's EnvironmentFile=
-# reads), and bad flags (exit 2).
+# reads), and bad flags (exit 2). With WORKER: strata-worker applies the same
+# settings to itself at start (STRATA_SYSFS_ROOT = the fixture tree), the
+# policy flags from its command line, an operator's variable winning, and the
+# log saying which value won. With RDMA_DEVICES: strata-rdma-devices on the
+# same tree prints the same settings as strata-topo (one derivation, one printer).
 set -euo pipefail
 topo=$1
+worker=${2:-}
+rdma=${3:-}
 fail=0
 check() { # check DESCRIPTION COMMAND...
   if "${@:2}"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi
@@ -59,6 +65,46 @@ check "--sysroot: the derived settings" test "$("$topo" --nccl-env --sysroot "$f
   '# NCCL/UCX fabric settings from strata-topo --nccl-env (ib/fabric_env.h)' 'NCCL_IB_HCA==mlx5_0:1' 'NCCL_IB_GID_INDEX=1' 'NCCL_NET_GDR_LEVEL=PIX' \
   'NCCL_SOCKET_IFNAME==eth2' 'NCCL_IB_TC=106' 'NCCL_IB_SL=3' 'NCCL_IB_QPS_PER_CONNECTION=4' \
   'UCX_NET_DEVICES=mlx5_0:1' 'UCX_IB_GID_INDEX=1' 'UCX_IB_TRAFFIC_CLASS=106')"
+
+if [ -n "$rdma" ]; then
+  "$rdma" --sysroot "$fx" > "$tmp/rdma.out"
+  check "strata-rdma-devices --sysroot: the port" \
+    test "$(head -1 "$tmp/rdma.out")" = "mlx5_0 port 1: active, Ethernet (RoCE), RoCE v2 GID index 1, netdev eth2"
+  check "strata-rdma-devices prints strata-topo --nccl-env's settings (NCCL_IB_HCA==...)" \
+    test "$(sed -n '/^# NCCL\/UCX/,$p' "$tmp/rdma.out")" = "$("$topo" --nccl-env --sysroot "$fx")"
+  check "strata-rdma-devices: NCCL_IB_HCA with the exact-match '='" grep -qx 'NCCL_IB_HCA==mlx5_0:1' "$tmp/rdma.out"
+fi
+
+if [ -n "$worker" ]; then
+  # The worker: the operator sets NCCL_IB_GID_INDEX=5 (it wins) and
+  # NCCL_IB_SL=3, the same as the policy flag (logged as such).
+  env STRATA_SYSFS_ROOT="$fx" NCCL_IB_GID_INDEX=5 NCCL_IB_SL=3 STRATA_LOG=info STRATA_LOG_JOURNAL=0 \
+    "$worker" --listen 127.0.0.1:0 --ib-tc 106 --ib-sl 3 > "$tmp/worker.log" 2>&1 &
+  wpid=$!
+  for _ in $(seq 200); do
+    grep -q 'fabric: UCX_IB_TRAFFIC_CLASS' "$tmp/worker.log" && break
+    kill -0 "$wpid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill "$wpid" 2>/dev/null || true
+  wait "$wpid" 2>/dev/null || true
+  wlog() { grep -qF "msg=\"fabric: $1\"" "$tmp/worker.log"; }
+  check "worker: NCCL_IB_HCA derived from the topology" wlog "NCCL_IB_HCA==mlx5_0:1 (derived from the topology)"
+  check "worker: NCCL_NET_GDR_LEVEL from the GPU-NIC distance" wlog "NCCL_NET_GDR_LEVEL=PIX (derived from the topology)"
+  check "worker: NCCL_IB_TC from the node's config (--ib-tc)" wlog "NCCL_IB_TC=106 (from the node's config)"
+  check "worker: UCX_IB_TRAFFIC_CLASS from the node's config" wlog "UCX_IB_TRAFFIC_CLASS=106 (from the node's config)"
+  check "worker: the operator's NCCL_IB_GID_INDEX wins, and the log says so" \
+    wlog "NCCL_IB_GID_INDEX=5 from the operator's environment wins (derived: 1)"
+  check "worker: the operator's NCCL_IB_SL equals the derived one" \
+    wlog "NCCL_IB_SL=3 (operator's environment, same as derived)"
+  check "worker: QPS per connection derived for RoCE" wlog "NCCL_IB_QPS_PER_CONNECTION=4 (derived from the topology)"
+  set +e
+  "$worker" --listen 127.0.0.1:0 --ib-tc 256 2> "$tmp/err"; rc=$?
+  set -e
+  check "worker: --ib-tc 256: exit 2 with the range" \
+    test "$rc" -eq 2 -a -n "$(grep "^strata-worker: error: --ib-tc '256' is not a number in 0..255" "$tmp/err")"
+  [ "$fail" -eq 0 ] || cat "$tmp/worker.log"
+fi
 
 # Errors: exit 2 for bad flags, 1 for an unwritable output, with a message.
 set +e

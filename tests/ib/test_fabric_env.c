@@ -340,7 +340,46 @@ static void test_apply(void) {
     CHECK_EQ_STR(getenv("NCCL_IB_GID_INDEX"), "7");
 }
 
+/* The policy flags strata-topo and strata-worker share; which settings came
+ * from the node's config. */
+static void test_config_option(void) {
+    fabric_config cfg = FABRIC_CONFIG_DEFAULT;
+    st_err err = {{0}};
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--ib-tc", "106", &err), 0);
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--ib-sl", "3", &err), 0);
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--qps-per-connection", "2", &err), 0);
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--socket-ifname", "bond0", &err), 0);
+    CHECK_EQ_INT(cfg.ib_tc, 106);
+    CHECK_EQ_INT(cfg.ib_sl, 3);
+    CHECK_EQ_INT(cfg.qps_per_connection, 2);
+    CHECK_EQ_STR(cfg.socket_ifname, "bond0");
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--listen", "x", &err), 1);
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--ib-sl", "16", &err), -1);
+    CHECK_EQ_STR(err.msg, "--ib-sl '16' is not a number in 0..15");
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--ib-tc", "", &err), -1);
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--ib-tc", "1e2", &err), -1);
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--qps-per-connection", "0", &err), -1);
+    CHECK_EQ_INT(fabric_config_option(&cfg, "--socket-ifname", "eth0 eth1", &err), -1);
+    CHECK_EQ_STR(err.msg, "--socket-ifname 'eth0 eth1' is not an interface name");
+    CHECK_EQ_INT(cfg.ib_sl, 3); /* a bad value leaves the setting alone */
+    /* the 2-socket RoCE box: TC/SL/QPS/ifname from the config, the rest derived */
+    build_two_socket(3);
+    fabric_env e;
+    derive(&cfg, &e);
+    int from_cfg = 0;
+    for (int i = 0; i < e.n; i++) {
+        bool want = !strcmp(e.v[i].key, "NCCL_IB_TC") || !strcmp(e.v[i].key, "NCCL_IB_SL") ||
+                    !strcmp(e.v[i].key, "NCCL_IB_QPS_PER_CONNECTION") || !strcmp(e.v[i].key, "NCCL_SOCKET_IFNAME") ||
+                    !strcmp(e.v[i].key, "UCX_IB_TRAFFIC_CLASS");
+        CHECK_MSG(e.v[i].from_config == want, "%s from_config %d", e.v[i].key, e.v[i].from_config);
+        from_cfg += e.v[i].from_config;
+    }
+    CHECK_EQ_INT(from_cfg, 5);
+    drop_root();
+}
+
 int main(void) {
+    test_config_option();
     test_nvswitch_node();
     test_pcie_box();
     test_two_socket_roce();
