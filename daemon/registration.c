@@ -178,9 +178,19 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
     if (n_gpu > 0 && n_gpu <= GPU_LINKS_MAX_GPU && node_links_detect("/", &links, &lerr) == 0) {
         const char *bus[GPU_LINKS_MAX_GPU];
         for (int i = 0; i < n_gpu; i++) bus[i] = gi[i].pci_bus_id;
-        if (gpu_links_reorder(&links, bus, n_gpu, &ordered, &lerr) == 0) {
-            tp_limit = (uint32_t)gpu_links_tp_rule(&ordered, NULL, 0);
-            gpu_links_summary(&ordered, summary, sizeof summary);
+        int ordered_ok = gpu_links_reorder(&links, bus, n_gpu, &ordered, &lerr) == 0;
+        /* The TP rule does not depend on the order: without bus ids that
+         * match, the sysfs/NVML matrix still gives it when it has every GPU. */
+        const gpu_links *rule = ordered_ok ? &ordered : links.n_gpu >= n_gpu ? &links : NULL;
+        if (rule) {
+            tp_limit = (uint32_t)gpu_links_tp_rule(rule, NULL, 0);
+            gpu_links_summary(rule, summary, sizeof summary);
+        }
+        int unknown = 0; /* a class sysfs could not tell: no matrix (the coordinator takes whole ones) */
+        for (int i = 0; ordered_ok && i < n_gpu; i++)
+            for (int j = 0; j < n_gpu + ordered.n_nic; j++)
+                unknown += (j < n_gpu ? ordered.gg[i][j].cls : ordered.gn[i][j - n_gpu].cls) == LINK_UNKNOWN;
+        if (ordered_ok && !unknown) {
             n_nic = ordered.n_nic;
             for (int k = 0; k < n_nic; k++) nicp[k] = ordered.nic[k];
             for (int i = 0; i < n_gpu; i++) {
@@ -194,6 +204,8 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
                 gpus[i].n_nic_links = (size_t)n_nic;
                 gpus[i].numa_node = ordered.gpu_numa[i];
             }
+        } else if (ordered_ok) {
+            ST_WARN("registration: no link matrix: %d link(s) of unknown class (a device without a PCI path)", unknown);
         } else {
             ST_WARN("registration: no link matrix: %s", lerr.msg);
         }

@@ -94,6 +94,12 @@ for h in coord w1 w2; do
   for b in daemon/strata-worker coordinator/strata-coordinator cli/stratactl ib/strata-topo; do
     check "$h: $(basename $b) installed, executable" bash -c "cmp -s '$build/$b' '$r/usr/local/bin/$(basename $b)' && test -x '$r/usr/local/bin/$(basename $b)'"
   done
+  if [ -f "$build/lib/libstrata-cuda.so" ]; then
+    check "$h: the CUDA module in /usr/local/lib/strata (the worker's ../lib/strata)" \
+      cmp -s "$build/lib/libstrata-cuda.so" "$r/usr/local/lib/strata/libstrata-cuda.so"
+  else
+    check "$h: no CUDA module from a build without CUDA" test ! -e "$r/usr/local/lib/strata/libstrata-cuda.so"
+  fi
   check "$h: the model" cmp -s "$shared/models/stories260K.gguf" "$r/var/lib/strata/models/stories260K.gguf"
   check "$h: state dir 0750" test "$(stat -c %a "$r/var/lib/strata")" = 750
   check "$h: /etc/strata 0750" test "$(stat -c %a "$r/etc/strata")" = 750
