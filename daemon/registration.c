@@ -38,6 +38,7 @@ struct reg_client {
     char *list;
     int n_targets, cur;       /* the one in use */
     bool quiet;               /* a fail-over was logged; quiet until registered again */
+    unsigned moves;           /* fail-overs since the last registration (the back-off) */
     char *ca, *cert, *key; /* NULL: plaintext */
     char **paths;
     int n_models;
@@ -351,8 +352,11 @@ static void *reg_main(void *arg)
             if (do_register(r, c, &lease, &interval, &st) != 0) {
                 lease = 0;
                 if (fail_over(r, &st)) {
+                    /* 100, 200, then 250 ms between tries while no coordinator leads */
                     c = cs[r->cur];
-                    if (nap(r, 100)) break;
+                    unsigned ms = 100u << (r->moves < 2 ? r->moves : 2);
+                    r->moves++;
+                    if (nap(r, ms > 250 ? 250 : ms)) break;
                     continue;
                 }
                 if (st.code != RPC_UNAVAILABLE && st.code != RPC_DEADLINE_EXCEEDED) {
@@ -371,6 +375,7 @@ static void *reg_main(void *arg)
             }
             warned = false;
             r->quiet = false;
+            r->moves = 0;
             pthread_mutex_lock(&r->mu);
             r->registered = 1;
             pthread_mutex_unlock(&r->mu);

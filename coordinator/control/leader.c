@@ -15,6 +15,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/log_limit.h"
 #include "coordinator/control/etcd_client.h"
 
 #define TXN_OPS_MAX 100     /* etcd's --max-txn-ops default is 128 */
@@ -38,8 +39,8 @@ struct leader {
     int pipe_fd[2];
     leader_elected_fn fn;
     void *ud;
-    pthread_t thread;
-    bool started;
+    pthread_t thread, fence;
+    bool started, fenced;       /* fence: runs while we lead (fence_main) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop, is_leader;
@@ -48,6 +49,7 @@ struct leader {
     etcd_kvs loaded;            /* handed to the loop thread with the election */
     int64_t lease, my_rev;
     double renewed_sent;        /* when the last renewal that etcd confirmed was sent */
+    st_log_limit warn_lim;      /* the election thread's failures */
 };
 
 /* ---------------------------------------------------------------- helpers */
@@ -91,6 +93,31 @@ static void step_down(leader *l, const char *why) {
     _exit(LEADER_EXIT_STATUS);
 }
 
+static void set_renewed(leader *l, double sent) {
+    pthread_mutex_lock(&l->mu);
+    l->renewed_sent = sent;
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* The fence: a thread of its own, so that an etcd call that blocks (up to its
+ * timeout) cannot delay the step-down past the lease's expiry. */
+static void *fence_main(void *arg) {
+    leader *l = arg;
+    double margin = l->o.ttl_s / 3.0 < 1.0 ? l->o.ttl_s / 3.0 : 1.0;
+    while (!stopping(l)) {
+        pthread_mutex_lock(&l->mu);
+        double since = st_now_s() - l->renewed_sent;
+        pthread_mutex_unlock(&l->mu);
+        if (since > l->o.ttl_s - margin) {
+            char why[128];
+            snprintf(why, sizeof why, "the lease could not be renewed for %.1f s (TTL %.0f s)", since, l->o.ttl_s);
+            step_down(l, why);
+        }
+        nap(l, 0.05, false);
+    }
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- standby */
 
 /* Renews l->lease: true when it lives on (renewed_sent updated). */
@@ -98,7 +125,7 @@ static bool alive(leader *l, st_err *err) {
     int64_t ttl = 0;
     double sent = st_now_s();
     if (etcd_lease_keepalive(l->etcd, l->lease, &ttl, err) != 0 || ttl <= 0) return false;
-    l->renewed_sent = sent;
+    set_renewed(l, sent);
     return true;
 }
 
@@ -151,10 +178,14 @@ static int standby_round(leader *l, bool *logged) {
         return 0;
     }
     l->my_rev = rev;
-    l->renewed_sent = sent;
+    set_renewed(l, sent);
     return 1;
-fail:
-    ST_WARN("leader: %s (etcd %s); retrying", err.msg, etcd_client_endpoint(l->etcd));
+fail:;
+    /* etcd down: one line every 10 s, not one per retry */
+    unsigned long more;
+    if (st_log_limit_allow(&l->warn_lim, st_now_s(), &more))
+        ST_WARN("leader: %s (etcd %s); retrying every %.1f s (%lu more failure(s) since the last line)", err.msg,
+                etcd_client_endpoint(l->etcd), RETRY_S, more);
     nap(l, RETRY_S, false);
     return 0;
 }
@@ -170,7 +201,17 @@ static void keepalive(leader *l) {
         return;
     }
     if (ttl <= 0) step_down(l, "etcd says our lease is gone (expired)");
-    l->renewed_sent = sent;
+    set_renewed(l, sent);
+    /* The key itself: deleted by hand, or replaced, we are not the leader
+     * whatever the lease says. */
+    etcd_kvs k;
+    if (etcd_range(l->etcd, l->key, false, &k, &err) != 0) {
+        ST_WARN("leader: reading %s: %s", l->key, err.msg);
+        return;
+    }
+    bool ours = k.n == 1 && k.kv[0].create_rev == l->my_rev;
+    etcd_kvs_free(&k);
+    if (!ours) step_down(l, "the leader key was deleted or replaced");
 }
 
 /* Writes the queued changes as fenced txns; a failed call leaves them
@@ -211,19 +252,11 @@ static bool flush(leader *l) {
 
 static void lead(leader *l) {
     double period = l->o.ttl_s / 3.0;
-    double margin = l->o.ttl_s / 3.0 < 1.0 ? l->o.ttl_s / 3.0 : 1.0;
     double next = st_now_s() + period;
     while (!stopping(l)) {
-        double t = st_now_s();
-        if (t >= next) {
+        if (st_now_s() >= next) {
             keepalive(l);
             next = st_now_s() + period;
-        }
-        if (st_now_s() > l->renewed_sent + l->o.ttl_s - margin) {
-            char why[128];
-            snprintf(why, sizeof why, "the lease could not be renewed for %.1f s (TTL %.0f s)",
-                     st_now_s() - l->renewed_sent, l->o.ttl_s);
-            step_down(l, why);
         }
         bool written = flush(l);
         double wait = next - st_now_s();
@@ -246,9 +279,10 @@ static void *leader_main(void *arg) {
         /* Won: read the state before the loop thread takes over. */
         st_err err = {{0}};
         double t0 = st_now_s();
+        if (pthread_create(&l->fence, NULL, fence_main, l) != 0) step_down(l, "cannot start the fence thread");
+        l->fenced = true;
         while (etcd_range(l->etcd, l->prefix, true, &l->loaded, &err) != 0) {
             ST_WARN("leader: reading the state: %s; retrying", err.msg);
-            if (st_now_s() > l->renewed_sent + l->o.ttl_s / 2) step_down(l, "the state could not be read in time");
             nap(l, 0.1, false);
             if (stopping(l)) return NULL;
         }
@@ -303,6 +337,7 @@ leader *leader_start(const leader_opts *o, struct event_base *base, leader_elect
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     l->pipe_fd[0] = l->pipe_fd[1] = -1;
+    l->warn_lim = (st_log_limit)ST_LOG_LIMIT_INIT(10.0);
     l->o = *o;
     if (!(l->o.ttl_s >= 1)) l->o.ttl_s = l->o.ttl_s > 0 ? 1 : 3;
     l->base = base;
@@ -398,5 +433,6 @@ void leader_stop(leader *l) {
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
     if (l->started) pthread_join(l->thread, NULL);
+    if (l->fenced) pthread_join(l->fence, NULL);
     free_leader(l);
 }

@@ -16,9 +16,11 @@
  *
  * Fencing: every write of the leader is a txn "if create_revision(leader) ==
  * the revision that made us leader", so a deposed leader cannot write. A
- * leader whose lease is gone (keep-alive says TTL 0, a fenced write failed),
- * or that could not renew it for TTL - min(1 s, TTL/3) since the last renewal
- * it sent, stops at once: the process exits with status 75 (EX_TEMPFAIL),
+ * leader whose lease is gone (keep-alive says TTL 0, a fenced write failed,
+ * the key is not ours any more: checked with every renewal), or that could
+ * not renew it for TTL - min(1 s, TTL/3) since the last renewal it sent
+ * (checked every 50 ms by a fence thread of its own, which no blocked etcd
+ * call delays), stops at once: the process exits with status 75 (EX_TEMPFAIL),
  * its listeners and worker connections close with it, and its supervisor
  * (systemd Restart=) starts it again as a standby. A standby cannot win
  * before the old lease expired on etcd, and the old leader is gone by then.

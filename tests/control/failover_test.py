@@ -17,6 +17,14 @@ free loopback ports with a temporary data dir, two strata-coordinator --live
     logs: no new "ready in", an "already loaded"), and greedy output on B is
     identical to the reference.
 
+Mode `fence`: the leader A loses etcd (SIGSTOP of etcd, a real fault): it
+steps down on its own, exiting with status 75 within the TTL (measured and
+printed), before its lease can expire on etcd, while B stays a standby (it
+cannot reach etcd either). SIGCONT: B is elected and serves with the same
+placement, no stage reloaded, greedy output identical. Then the leader key is
+deleted by hand (HTTP deleterange): B, whose lease still lives, steps down
+(75) within one renewal period.
+
 Mode `tls`: etcd on https with client-certificate auth (a CA and
 certificates made by the test with the openssl tool): a coordinator with
 --etcd https://... --etcd-cacert/--etcd-cert/--etcd-key is elected and
@@ -28,7 +36,7 @@ do not start (a clear message).
 Every process is started by the test and stopped by its pid, also on
 failure. Exits 77 when there is no etcd binary (Debian: etcd-server).
 
-  failover_test.py [failover|tls] --coordinator BIN --worker BIN
+  failover_test.py [failover|fence|tls] --coordinator BIN --worker BIN
                    --proto control.proto --shared DIR --workdir DIR
 """
 import argparse
@@ -257,6 +265,79 @@ def run_tls(args):
     return 1 if FAILS else 0
 
 
+def start_pair(cl, rs):
+    """etcd, A (elected), B (standby), w-a and w-b; A serves; greedy output on
+    A equals the reference. The placement's stages."""
+    cl.start_etcd()
+    cl.start_coordinator("A")
+    check(bool(wait_for(lambda: cl.status("A") is not None, 60, 0.1)), "A is elected (answers GetStatus)")
+    cl.start_coordinator("B")
+    check(bool(wait_for(lambda: "standby; the leader is" in cl.text("B"), 60, 0.1)), "B starts as a standby")
+    for w in ("w-a", "w-b"):
+        cl.start_worker(w)
+    if not wait_for(lambda: cl.status("A").serving, 120, 0.1):
+        cl.dump()
+        raise RuntimeError("A did not start serving")
+    pl0 = cl.stub("A").GetPlacement(pb.GetPlacementRequest(), timeout=5).current
+    exact(cl, "A", rs, 24, "on A")
+    return pl0.epoch, [(s.node, s.first_layer, s.last_layer) for s in pl0.stages]
+
+
+def run_fence(args):
+    with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
+        rs = json.load(f)[:3]
+    cl = Cluster(args)
+    try:
+        epoch0, stages0 = start_pair(cl, rs)
+        loads0 = loads(cl)
+        etcd = cl.procs["etcd"]
+        t0 = time.monotonic()
+        os.kill(etcd.pid, signal.SIGSTOP)
+        try:
+            rc = cl.procs["A"].wait(timeout=TTL + 10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.monotonic() - t0
+        print("A cut off from etcd: exited %s after %.2f s (TTL %d s)" % (rc, took, TTL))
+        check(rc == 75 and took <= TTL + 1.0, "A steps down (status 75) within the TTL: %.2f s" % took)
+        check("lost the leadership" in cl.text("A"), "A logged why it stepped down")
+        check(cl.procs["B"].poll() is None, "B keeps running, a standby without etcd")
+        st, _, _ = cl.request("B", "GET", "/readyz")
+        check(st == 503, "B: /readyz 503 while etcd is stopped (%d)" % st)
+        os.kill(etcd.pid, signal.SIGCONT)
+        ok = wait_for(lambda: cl.complete("B", rs[0]["prompt"], 2, timeout=10)[0] == 200, TAKEOVER_BOUND_S + 30, 0.1)
+        print("B serves %.2f s after etcd came back" % (time.monotonic() - t0 - took))
+        check(bool(ok), "B is elected and serves once etcd is back")
+        pl1 = cl.stub("B").GetPlacement(pb.GetPlacementRequest(), timeout=5).current
+        check(pl1.epoch == epoch0 and [(s.node, s.first_layer, s.last_layer) for s in pl1.stages] == stages0,
+              "same placement on B: epoch %d" % pl1.epoch)
+        check(loads(cl) == loads0, "no worker loaded its stage again: %s" % loads(cl))
+        exact(cl, "B", rs, 24, "on B")
+        # The key deleted by hand: B's lease lives, yet it is not the leader any more.
+        d = cl.etcd("/v3/kv/deleterange", {"key": b64(PREFIX + "/leader")})
+        check(d is not None and d.get("deleted") == "1", "the leader key deleted by hand: %s" % d)
+        t1 = time.monotonic()
+        try:
+            rc = cl.procs["B"].wait(timeout=TTL + 10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.monotonic() - t1
+        check(rc == 75 and took <= TTL, "B steps down (status 75) %.2f s after its key was deleted" % took)
+    except Exception as e:  # noqa: BLE001 - reported, the processes still stopped
+        check(False, "no exception: %r" % e)
+    finally:
+        if "etcd" in cl.procs and cl.procs["etcd"].poll() is None:
+            os.kill(cl.procs["etcd"].pid, signal.SIGCONT)
+        rcs = cl.stop()
+        print("exit statuses: %s" % rcs)
+        check(all(rcs.get(n) == 0 for n in ("w-a", "w-b")), "the workers exit 0 on SIGTERM")
+        if FAILS:
+            cl.dump(40)
+        if not os.environ.get("STRATA_KEEP_TMP"):
+            shutil.rmtree(cl.tmp, ignore_errors=True)
+    return 1 if FAILS else 0
+
+
 def run(args):
     with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
         rs = json.load(f)[:4]
@@ -358,7 +439,7 @@ def run(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", nargs="?", default="failover", choices=["failover", "tls"])
+    ap.add_argument("mode", nargs="?", default="failover", choices=["failover", "fence", "tls"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--proto", required=True)
@@ -370,7 +451,7 @@ def main():
         return 77
     global grpc, pb, pbg
     grpc, pb, pbg = control_stubs(args.proto, os.path.join(args.workdir, "failover_stubs"))
-    return run_tls(args) if args.mode == "tls" else run(args)
+    return {"tls": run_tls, "fence": run_fence}.get(args.mode, run)(args)
 
 
 if __name__ == "__main__":
