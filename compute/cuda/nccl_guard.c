@@ -20,14 +20,19 @@
 
 double nccl_guard_now_s(void) { return st_now_s(); }
 
+unsigned nccl_guard_pause_us(unsigned polls) {
+    if (polls < SPIN_POLLS) return 0;
+    /* 20 us, growing to 200 us: a long wait costs no CPU to speak of. */
+    unsigned us = 20u + (polls - SPIN_POLLS) / 8u;
+    return us > 200u ? 200u : us;
+}
+
 void nccl_guard_pause(unsigned polls) {
-    if (polls < SPIN_POLLS) {
+    unsigned us = nccl_guard_pause_us(polls);
+    if (us == 0) {
         sched_yield();
         return;
     }
-    /* 20 us, growing to 200 us: a long wait costs no CPU to speak of. */
-    unsigned us = 20u + (polls - SPIN_POLLS) / 8u;
-    if (us > 200u) us = 200u;
     struct timespec ts = {0, (long)us * 1000L};
     nanosleep(&ts, NULL);
 }

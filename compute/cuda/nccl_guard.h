@@ -76,6 +76,10 @@ typedef nccl_poll (*nccl_work_poll)(void *ctx, char *why, size_t n);
  * pause most users want (st_now_s; yield for the first polls, then 20-200 us sleeps). */
 double nccl_guard_now_s(void);
 void nccl_guard_pause(unsigned polls);
+/* nccl_guard_pause's sleep after `polls` polls, in microseconds (0: it only
+ * yields): 0 for the first 2000 polls, then 20 us growing by 1 us per 8
+ * polls up to 200 us. */
+unsigned nccl_guard_pause_us(unsigned polls);
 
 void nccl_guard_init(nccl_guard *g, const nccl_guard_ops *ops, void *comm, double timeout_s,
                      atomic_int *group_failed, const char *name);
