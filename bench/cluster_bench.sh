@@ -30,8 +30,14 @@
 #     sleeps as ours do) at the activation size of one token (n_embd x 4
 #     bytes, f32), and the ratio to ucx_perftest's polling figure (medians:
 #     both are one-way; on a shared machine means follow preemptions).
+#     Before that, where the hop's time goes: the cluster runs with
+#     STRATA_HOP_TRACE (common/hop_trace.h) and bench/hop_breakdown.py splits
+#     each batch's hops into wake-up, receive, hand-off and send.
 # --hop-only: only the cluster's 1-sequence run and part 3.
-# Release build (default build/, made with cmake if needed). UCX_TLS=tcp unless set.
+# Release build (default build/, made with cmake if needed). UCX_TLS=tcp and
+# UCX_NET_DEVICES=lo unless set (everything runs on 127.0.0.1; another
+# interface, e.g. a test's veth, would only add lanes that may not connect).
+# STRATA_XPORT_POLL_US passes through to the cluster (docs/protocol.md, "Polling").
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -51,6 +57,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 export UCX_TLS="${UCX_TLS:-tcp}"
+export UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 targets=(strata-coordinator strata-worker)
 [ "$mb_only" = 1 ] || targets+=(strata-bench strata-bench-xport strata-gguf)
@@ -150,7 +157,8 @@ if [ -z "$model" ]; then
 fi
 n_embd=$("$build/cli/strata-gguf" inspect "$model" | sed -n 's/.*embedding_length = \([0-9]*\).*/\1/p')
 act_bytes=$((n_embd * 4))
-echo "# model $model (n_embd $n_embd), $gen generated tokens, UCX_TLS=$UCX_TLS, $(nproc) CPUs"
+echo "# model $model (n_embd $n_embd), $gen generated tokens, UCX_TLS=$UCX_TLS, $(nproc) CPUs," \
+     "STRATA_XPORT_POLL_US=${STRATA_XPORT_POLL_US:-0}, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ "$hop_only" = 0 ]; then
 echo "## single process (strata-bench, 2 threads)"
@@ -187,18 +195,21 @@ address = 127.0.0.1:$p0
 [stage.1]
 address = 127.0.0.1:$p1
 EOF
+export STRATA_HOP_TRACE="$tmp/trace"  # written by each process at exit
 "$build/daemon/strata-worker" --listen "127.0.0.1:$p0" --threads "$wthreads" --model-dir "$(dirname "$model")" >"$tmp/w0.log" 2>&1 & pids+=($!)
 "$build/daemon/strata-worker" --listen "127.0.0.1:$p1" --threads "$wthreads" --model-dir "$(dirname "$model")" >"$tmp/w1.log" 2>&1 & pids+=($!)
 "$build/coordinator/strata-coordinator" --config "$tmp/cluster.ini" --ready-timeout 600 \
     >"$tmp/c.out" 2>"$tmp/c.log" & pids+=($!)
+unset STRATA_HOP_TRACE
 for _ in $(seq 6000); do
   curl -sf "http://127.0.0.1:$http/health" >/dev/null 2>&1 && break
   kill -0 "${pids[2]}" 2>/dev/null || { tail "$tmp/c.log"; exit 1; }
   sleep 0.1
 done
-/usr/bin/python3 - "$http" "$gen" "$hop_only" "$tmp/hop_us" <<'EOF'
+/usr/bin/python3 - "$http" "$gen" "$hop_only" "$tmp/hop_us" "$tmp/window" <<'EOF'
 import http.client, json, sys, threading, time
 port, gen, hop_only, hop_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+window_file = sys.argv[5]
 prompt = "Once upon a time there was a little robot who"
 def stages():
     time.sleep(0.3)  # the coordinator refreshes StageStats every 0.1 s
@@ -255,9 +266,16 @@ print("cluster PP2, batch 1: mean round trip %.3f ms, forwards %.3f ms (both sta
       "median %.1f us, mean %.1f us (%d decode batches)"
       % (sum(rtts) / len(rtts), sum(fwds) / len(fwds), med, mean, len(hops)))
 open(hop_file, "w").write("%.1f %.1f\n" % (med, mean))
+open(window_file, "w").write("%d %d\n" % (t0_ns, t1_ns))
 if not hop_only:
     print("busy fractions during the 8-sequence run: %s" % [round(x["busy_fraction"], 3) for x in s2["stages"]])
 EOF
+
+# The traces are written at exit: stop the cluster, then split its hops.
+for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+pids=()
+read -r win0 win1 < "$tmp/window" 2>/dev/null && /usr/bin/python3 "$root/bench/hop_breakdown.py" "$tmp/trace" "$win0" "$win1" || true
 
 echo "## one-hop latency at the activation size ($act_bytes B per token)"
 "$build/bench/strata-bench-xport" 2>/dev/null | grep -Ei "latency|bytes|^ *[0-9]" | head -12 || true

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/hop_trace.h"
 #include "common/log.h"
 #include "compute/registry.h"
 #include "daemon/act_p2p.h"
@@ -31,7 +32,8 @@ struct job {
     wstage *w;
     frame_header *hdr;   /* owned copy of the received header */
     stage_seq *seqs;
-    float *in;           /* f32 input rows (non-first stage): malloc'd, or in_buf's on a GPU stage */
+    float *in;           /* f32 input rows (non-first stage): malloc'd, or in_buf's on a GPU stage;
+                          * NULL when an inline forward reads them in place */
     float *scratch;      /* f32 output before bf16 conversion: likewise (scratch_buf) */
     stbuf in_buf, scratch_buf; /* GPU stage: the pinned homes of in and scratch */
     stbuf out;           /* registered output buffer (non-last stage) */
@@ -255,6 +257,25 @@ static bool run_here(const wstage *w, int64_t T)
     return T <= INLINE_MAX_TOKENS && w->sends_inflight == 0 && w->front->stages == w && !w->link;
 }
 
+/* The job's own f32 copy of the payload's n_el input rows (pinned: from the
+ * stage's pool, for a GPU stage). 0 or -1 + err. */
+static int input_copy(wstage *w, struct job *j, const frame_header *h, const void *payload, size_t n_el,
+                      bool pinned, st_err *err)
+{
+    if (pinned) {
+        if (!(j->in_buf = pool_get(w, n_el * sizeof(float), err)).m) return -1;
+        j->in = xport_mem_ptr(j->in_buf.m);
+    } else if (!(j->in = malloc(n_el * sizeof(float)))) {
+        return st_errf(err, "worker: out of memory");
+    }
+    if (h->dtype == STRATA__V1__DTYPE__DTYPE_F32)
+        memcpy(j->in, payload, n_el * sizeof(float));
+    else
+        frame_bf16_to_f32(payload, j->in, n_el);
+    j->cj.hidden_in = j->in;
+    return 0;
+}
+
 /* Whether an ACTIVATIONS frame fits this stage (epoch, stage, token ids or
  * payload shape and dtype, block ids, history, sampling): 0, or -1 with why. */
 static int check_activations(const wstage *w, const frame_header *h, size_t bytes, st_err *err)
@@ -365,20 +386,18 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
                                 .tokens = in->is_first ? c->token_ids : NULL};
     const size_t n_el = (size_t)T * (size_t)in->n_embd;
     const bool pinned = pin_module(w) != NULL; /* a GPU stage: its host side of the copies is pinned */
+    /* A forward run here, before this callback returns, on a CPU stage reads
+     * f32 rows in place from the transport's buffer (no copy); one handed to
+     * the compute thread gets its own copy below. */
+    const bool here = run_here(w, T);
     if (h->payload_p2p) {
         j->cj.p2p_in = w->p2p_in; /* the compute thread receives the rows into device memory */
     } else if (!in->is_first) {
-        if (pinned) {
-            if (!(j->in_buf = pool_get(w, n_el * sizeof(float), &err)).m) goto fail;
-            j->in = xport_mem_ptr(j->in_buf.m);
-        } else if (!(j->in = malloc(n_el * sizeof(float)))) {
-            goto oom;
-        }
-        if (h->dtype == STRATA__V1__DTYPE__DTYPE_F32)
-            memcpy(j->in, payload, n_el * sizeof(float));
-        else
-            frame_bf16_to_f32(payload, j->in, n_el);
-        j->cj.hidden_in = j->in;
+        if (here && !pinned && h->dtype == STRATA__V1__DTYPE__DTYPE_F32 &&
+            (uintptr_t)payload % _Alignof(float) == 0)
+            j->cj.hidden_in = payload;
+        else if (input_copy(w, j, h, payload, n_el, pinned, &err))
+            goto fail;
     }
     if (!in->is_last && w->p2p_out && w->p2p_out->ready && !w->p2p_out->broken) {
         j->cj.p2p_out = w->p2p_out; /* the rows stay on the device and go over NCCL (forward_p2p) */
@@ -419,10 +438,11 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
         st_log_kv(ST_LOG_DEBUG, NULL, "batch queued", "stage=%u batch=%llu seqs=%s tokens=%lld", h->stage,
                   (unsigned long long)h->batch_id, seqs[0] ? seqs : "\"\"", (long long)T);
     }
-    if (run_here(w, T) && compute_run_inline(w->cq, &j->cj)) {
+    if (here && compute_run_inline(w->cq, &j->cj)) {
         datapath_forward_finished(w, &j->cj);
         return;
     }
+    if (!in->is_first && !h->payload_p2p && !j->in && input_copy(w, j, h, payload, n_el, pinned, &err)) goto fail;
     compute_submit(w->cq, &j->cj);
     return;
 oom:
@@ -670,6 +690,10 @@ static void forward_done(wstage *w, struct job *j)
 void datapath_forward_finished(wstage *w, cjob *cj)
 {
     if (cj->status == 0) note_forward(w, cj);
+    if (st_hop_trace_on()) {
+        st_hop_mark("fwd_start", ((struct job *)cj->user)->hdr->batch_id, cj->start_ns);
+        st_hop_mark("fwd_end", ((struct job *)cj->user)->hdr->batch_id, cj->end_ns);
+    }
     forward_done(w, cj->user);
 }
 

@@ -8,6 +8,12 @@
  * nothing here names TCP, so the same code runs over RDMA on IB/RoCE. The wire
  * format is in docs/protocol.md.
  *
+ * Idle polling: with STRATA_XPORT_POLL_US=N (0..10000, default 0) the loop
+ * thread, once it has nothing left to do, polls the worker for up to N us
+ * before it arms the wakeup fd and sleeps: a frame that comes within that
+ * window (a reply, the next of a burst) is taken without a wake-up. It costs
+ * up to N us of CPU per idle spell; docs/protocol.md, "Polling".
+ *
  * Threading: single-threaded; every call and every callback happens on the
  * event_base's thread. Callbacks are never called from inside an xport_*
  * call; they run from the loop.
@@ -92,6 +98,10 @@ enum xport_role xport_peer_role(const xport_peer *peer);
 /* "coordinator", "stage" or "unauthenticated". */
 const char *xport_role_name(enum xport_role role);
 
+/* Sets the idle poll (as STRATA_XPORT_POLL_US does; 0 = off). -1 + err
+ * outside [0, 10000] us. */
+int xport_set_poll_us(xport *x, long us, st_err *err);
+
 /* The bound listening port, or 0 without a listener. */
 int xport_port(const xport *x);
 /* Whether this UCX context takes CUDA device memory (ucp_context_query's
@@ -148,6 +158,7 @@ typedef struct xport_stats {
     uint64_t peers_accepted, peers_lost;
     uint64_t unauth_frames;  /* frames dropped from peers that had not authenticated */
     uint64_t auth_failures;  /* handshakes that failed or timed out */
+    uint64_t poll_hits;      /* idle polls that found work before the worker was armed */
 } xport_stats;
 void xport_get_stats(const xport *x, xport_stats *out);
 

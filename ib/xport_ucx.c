@@ -31,6 +31,7 @@
 #include <ucp/api/ucp.h>
 
 #include "common/clock.h"
+#include "common/hop_trace.h"
 #include "common/log.h"
 #include "common/log_limit.h"
 
@@ -52,6 +53,8 @@
 #define XPORT_EAGER_MAX (128u << 10)
 /* on_event: progress / deliver rounds before it yields to the loop */
 #define XPORT_EVENT_ROUNDS 64
+/* STRATA_XPORT_POLL_US: the longest idle poll before the worker is armed */
+#define XPORT_POLL_MAX_US 10000
 /* Handshake: one 72-byte message format (docs/protocol.md, "Handshake"). */
 #define AUTH_MAGIC 0x31415453u      /* "STA1" little-endian */
 #define AUTH_MSG_LEN 72             /* magic 4, type 1, role 1, zero 2, nonce 32, mac 32 */
@@ -163,6 +166,8 @@ struct xport {
     st_log_limit unauth_lim, authfail_lim; /* the warnings an outsider can cause: one a second */
     bool in_event; /* on_event is running: kick() only notes the work */
     bool issued;   /* a UCX operation was started since the last progress */
+    uint64_t poll_ns; /* idle poll before arming (STRATA_XPORT_POLL_US; 0: off) */
+    uint64_t woke_ns; /* when on_event began (STRATA_HOP_TRACE only) */
 };
 
 static bool auth_step(xport *x, xport_peer *p);
@@ -461,6 +466,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         }
     }
 
+    if (fh && st_hop_trace_on()) { /* common/hop_trace.h */
+        st_hop_mark("wake", fh->batch_id, x->woke_ns);
+        st_hop_mark("recv", fh->batch_id, st_now_ns());
+    }
     struct rx *r = calloc(1, sizeof *r);
     if (!r) {
         frame_header_free(fh);
@@ -661,6 +670,7 @@ static bool drain(xport *x)
             }
             x->stats.frames_recv++;
             x->stats.bytes_recv += bytes;
+            if (st_hop_trace_on()) st_hop_mark("deliver", r->hdr->batch_id, st_now_ns());
             if (x->cb.on_frame) x->cb.on_frame(p, r->hdr, bytes ? payload : NULL, bytes, x->cb.ud);
             rx_free(x, r);
         }
@@ -715,9 +725,28 @@ static bool drain(xport *x)
  * woken peer often waits for this thread's CPU. Progress is skipped when
  * the previous round neither progressed nor started a UCX operation. After
  * XPORT_EVENT_ROUNDS busy rounds it yields to the loop (kick). */
+/* Nothing left to do: polls the worker for up to x->poll_ns before the
+ * caller arms it and sleeps. Returns whether the progress found work. A
+ * reply that comes within the window is taken without the wake-up of a
+ * sleeping thread (on a VM, tens of us after an idle spell; docs/protocol.md,
+ * "Polling"). */
+static bool idle_poll(xport *x)
+{
+    if (!x->poll_ns) return false;
+    uint64_t t0 = st_now_ns();
+    do {
+        if (ucp_worker_progress(x->worker)) {
+            x->stats.poll_hits++;
+            return true;
+        }
+    } while (st_now_ns() - t0 < x->poll_ns);
+    return false;
+}
+
 static void on_event(evutil_socket_t fd, short what, void *arg)
 {
     xport *x = arg;
+    if (st_hop_trace_on()) x->woke_ns = st_now_ns();
     x->in_event = true;
     bool need_progress = true;
     for (int round = 0; round < XPORT_EVENT_ROUNDS; round++) {
@@ -727,6 +756,7 @@ static void on_event(evutil_socket_t fd, short what, void *arg)
         need_progress = n > 0 || x->issued;
         if (n > 0 || did) continue;
         if (x->issued) continue; /* drain started something without delivering: progress it */
+        if (idle_poll(x)) continue; /* progressed: deliver it in the next round */
         ucs_status_t st = ucp_worker_arm(x->worker);
         if (st == UCS_ERR_BUSY) {
             need_progress = true;
@@ -821,6 +851,18 @@ xport *xport_create(struct event_base *base, const char *listen_host, int listen
     if (ucp_worker_query(x->worker, &wa) == UCS_OK)
         x->max_am_header = wa.max_am_header;
     x->eager_max = getenv("UCX_RNDV_THRESH") ? 0 : XPORT_EAGER_MAX;
+    const char *poll = getenv("STRATA_XPORT_POLL_US");
+    if (poll && *poll) {
+        char *end;
+        errno = 0;
+        long us = strtol(poll, &end, 10);
+        if (errno || *end || us < 0 || us > XPORT_POLL_MAX_US) {
+            st_errf(err, "STRATA_XPORT_POLL_US=%.40s: want a whole number of microseconds in [0, %d]", poll,
+                    XPORT_POLL_MAX_US);
+            goto fail;
+        }
+        x->poll_ns = (uint64_t)us * 1000u;
+    }
     ucp_am_handler_param_t ap = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                                                UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
                                  .id = XPORT_AM_FRAME,
@@ -889,6 +931,15 @@ bool xport_memory_cuda(const xport *x)
     if (ucp_context_query(x->ctx, &a) != UCS_OK) return false;
     return (a.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
 }
+
+int xport_set_poll_us(xport *x, long us, st_err *err)
+{
+    if (us < 0 || us > XPORT_POLL_MAX_US)
+        return st_errf(err, "xport: idle poll of %ld us: want [0, %d]", us, XPORT_POLL_MAX_US);
+    x->poll_ns = (uint64_t)us * 1000u;
+    return 0;
+}
+
 size_t xport_max_inline_header(const xport *x) { return x->max_am_header > XPORT_PREFIX ? x->max_am_header - XPORT_PREFIX : 0; }
 
 xport_peer *xport_connect(xport *x, const char *host, int port, st_err *err)
@@ -1217,6 +1268,7 @@ const char *xport_role_name(enum xport_role r)
 int xport_send(xport_peer *p, const frame_header *hdr, const void *payload, size_t payload_bytes,
                const xport_mem *mem, xport_send_cb cb, void *arg, st_err *err)
 {
+    if (st_hop_trace_on()) st_hop_mark("send", hdr->batch_id, st_now_ns());
     if (frame_validate(hdr, payload_bytes, err)) return st_err_prefix(err, "xport_send");
     size_t hl = 0;
     uint8_t *hb = frame_header_pack(hdr, &hl, err);

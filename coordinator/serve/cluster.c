@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/hop_trace.h"
 #include "common/log.h"
 #include "coordinator/serve/sched.h"
 #include "ib/assign_token.h"
@@ -496,6 +497,7 @@ static void hold_failed_batch(cluster *c, uint64_t batch_id, const char *fail) {
  * (BatchError: every sequence of the batch ends with ERROR). */
 static void on_batch_result(cluster *c, uint64_t batch_id, frame_result **res, size_t n_res,
                             const char *fail) {
+    st_hop_mark("result", batch_id, st_now_ns());
     if (!c->s) return;
     int slot = -1;
     for (int i = 0; i < c->max_inflight; i++)

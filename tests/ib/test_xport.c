@@ -342,6 +342,7 @@ static xport_peer *test_echo_100(struct parent *s, int port)
         n_large += (size_t)rows * cols * frame_dtype_size(dtype) > (128u << 10);
     }
     if (!getenv("UCX_RNDV_THRESH")) CHECK((int)st.rndv_recv <= n_large);
+    CHECK_EQ_INT(st.poll_hits, 0); /* idle polling is off unless asked for */
     CHECK_EQ_INT(s->connects, 1);
     fprintf(stderr, "echo_100: %d frames, %.1f MiB each way in %.2f s (%llu by rendezvous)\n", N_FRAMES,
             st.bytes_sent / 1048576.0, dt, (unsigned long long)st.rndv_recv);
@@ -441,6 +442,37 @@ static void test_death(struct parent *s)
     fprintf(stderr, "killed client peer: disconnect after %.2f s (%s)\n", dt, s->last_reason);
 }
 
+/* STRATA_XPORT_POLL_US: the reply to a round trip comes while the sender
+ * polls (within 5 ms: generous on a loaded machine), so some round trips
+ * end in a poll hit; the frames are the same as without it. A bad value
+ * fails xport_create with a message naming the variable. */
+static void test_poll(struct parent *s, xport_peer *good)
+{
+    st_err err;
+    CHECK_EQ_INT(xport_set_poll_us(s->x, 10001, &err), -1);
+    CHECK(strstr(err.msg, "10000") != NULL);
+    CHECK_EQ_INT(xport_set_poll_us(s->x, 5000, &err), 0);
+    xport_stats a, b;
+    xport_get_stats(s->x, &a);
+    for (int i = 0; i < 20; i++) CHECK(round_trip(s, good, 7000 + i));
+    xport_get_stats(s->x, &b);
+    CHECK_EQ_INT(b.frames_recv - a.frames_recv, 20);
+    CHECK(b.poll_hits > a.poll_hits);
+    fprintf(stderr, "idle poll 5 ms: %llu poll hits in 20 round trips\n",
+            (unsigned long long)(b.poll_hits - a.poll_hits));
+    CHECK_EQ_INT(xport_set_poll_us(s->x, 0, &err), 0);
+
+    setenv("STRATA_XPORT_POLL_US", "12x", 1);
+    struct event_base *base = event_base_new();
+    xport_callbacks cb = {0};
+    xport *x = xport_create(base, NULL, 0, &cb, &err);
+    CHECK(x == NULL);
+    CHECK(strstr(err.msg, "STRATA_XPORT_POLL_US") != NULL);
+    xport_destroy(x);
+    event_base_free(base);
+    unsetenv("STRATA_XPORT_POLL_US");
+}
+
 int main(int argc, char **argv)
 {
     setenv("UCX_TLS", "tcp", 0);
@@ -476,6 +508,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "max inline header: %zu bytes\n", xport_max_inline_header(s.x));
     CHECK(xport_max_inline_header(s.x) < 40000);
     CHECK(round_trip(&s, good, 6000)); /* header-in-data path */
+    test_poll(&s, good);
     CHECK_EQ_INT(s.sends_failed, 0);
     reap(echo);
     event_free(t);
