@@ -296,10 +296,21 @@ static void send_leave(reg_client *r, rpc_client *c, uint64_t lease, const char 
  * a call that found no leader there (unreachable, or UNAVAILABLE from a
  * standby, whose message names the leader "(gRPC HOST:PORT)"), moves to the
  * leader it named when it is in the list, else to the next one. True when it
- * moved (the caller registers there: leases are per coordinator). */
-static bool fail_over(reg_client *r, const rpc_status *st)
+ * moved (the caller registers there: leases are per coordinator). The channel
+ * it leaves after a transport failure is made afresh: gRPC would otherwise
+ * keep it in its reconnect back-off (up to minutes) and miss that coordinator
+ * coming back, as a standby, when it is needed at the next fail-over. */
+static bool fail_over(reg_client *r, const rpc_status *st, rpc_client **cs, const rpc_tls *tls)
 {
     if (r->n_targets < 2 || (st->code != RPC_UNAVAILABLE && st->code != RPC_DEADLINE_EXCEEDED)) return false;
+    if (!strstr(st->msg, "is a standby")) {
+        st_err err = {{0}};
+        rpc_client *fresh = rpc_client_create(r->targets[r->cur], r->ca ? tls : NULL, &err);
+        if (fresh) {
+            rpc_client_destroy(cs[r->cur]);
+            cs[r->cur] = fresh;
+        }
+    }
     int next = (r->cur + 1) % r->n_targets;
     const char *named = strstr(st->msg, "(gRPC ");
     if (named) {
@@ -351,7 +362,7 @@ static void *reg_main(void *arg)
         if (!lease) {
             if (do_register(r, c, &lease, &interval, &st) != 0) {
                 lease = 0;
-                if (fail_over(r, &st)) {
+                if (fail_over(r, &st, cs, &tls)) {
                     /* 100, 200, then 250 ms between tries while no coordinator leads */
                     c = cs[r->cur];
                     unsigned ms = 100u << (r->moves < 2 ? r->moves : 2);
@@ -402,7 +413,7 @@ static void *reg_main(void *arg)
             if (!warned) ST_WARN("registration: heartbeat: %s: %s", rpc_code_name(st.code), st.msg);
             warned = true;
             if (st.code == RPC_NOT_FOUND) lease = 0;
-            if (fail_over(r, &st)) { /* the new coordinator gives a new lease */
+            if (fail_over(r, &st, cs, &tls)) { /* the new coordinator gives a new lease */
                 c = cs[r->cur];
                 lease = 0;
                 pthread_mutex_lock(&r->mu);

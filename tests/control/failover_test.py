@@ -16,6 +16,8 @@ free loopback ports with a temporary data dir, two strata-coordinator --live
     (epoch, stages) is the same, no worker loaded its stage again (their
     logs: no new "ready in", an "already loaded"), and greedy output on B is
     identical to the reference.
+  - A started again joins as a standby; SIGTERM B: it revokes its lease and
+    A serves without waiting for the TTL (printed), still no stage reloaded.
 
 Mode `fence`: the leader A loses etcd (SIGSTOP of etcd, a real fault): it
 steps down on its own, exiting with status 75 within the TTL (measured and
@@ -424,12 +426,28 @@ def run(args):
         exact(cl, "B", rs, 24, "after the failover (on B)")
         st, _, _ = cl.request("B", "GET", "/readyz")
         check(st == 200, "B: /readyz 200 as the leader (%d)" % st)
+
+        # A comes back as a standby; B stops cleanly (SIGTERM): it revokes its
+        # lease, so A takes over without waiting for the TTL.
+        cl.start_coordinator("A")
+        check(bool(wait_for(lambda: "standby; the leader is" in cl.text("A"), 60, 0.1)),
+              "the restarted A joins as a standby")
+        t1 = time.monotonic()
+        cl.procs["B"].send_signal(signal.SIGTERM)
+        ok = wait_for(lambda: cl.complete("A", rs[0]["prompt"], 2, timeout=10)[0] == 200, TAKEOVER_BOUND_S + 30, 0.05)
+        took = time.monotonic() - t1
+        print("handover: leader SIGTERMed -> first 200 from A in %.2f s" % took)
+        check(bool(ok) and took <= TAKEOVER_BOUND_S, "A serves after B's clean stop: %.2f s" % took)
+        check(cl.procs["B"].wait(timeout=30) == 0 and "resigned (lease revoked)" in cl.text("B"),
+              "B resigned (lease revoked) and exited 0")
+        check(loads(cl) == loads0, "no worker loaded its stage again: %s" % loads(cl))
+        exact(cl, "A", rs[:2], 24, "after the handover (on A)")
     except Exception as e:  # noqa: BLE001 - reported, the processes still stopped
         check(False, "no exception: %r" % e)
     finally:
         rcs = cl.stop()
         print("exit statuses: %s" % rcs)
-        check(all(rcs.get(n) == 0 for n in ("B", "w-a", "w-b")), "B and the workers exit 0 on SIGTERM")
+        check(all(rcs.get(n) == 0 for n in ("A", "B", "w-a", "w-b")), "the coordinators and workers exit 0 on SIGTERM")
         if FAILS:
             cl.dump(40)
         if not os.environ.get("STRATA_KEEP_TMP"):
