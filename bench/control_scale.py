@@ -14,6 +14,9 @@ Heartbeat every second) started all at once, split over processes of at most
              includes the simulators' own scheduling delay)
   cold       cold start: from the simulators' start until ListNodes shows all
              N nodes ready (s)
+  cold hb p99  Heartbeat round trips during the cold start (ms): the nodes
+             registered first heartbeat while the others' Registers queue
+             (Heartbeat is urgent on the coordinator's loop, rpc/grpc_loop.h)
   misses     Register / Heartbeat calls past their 2 s deadline
   suspects   nodes the coordinator declared suspect or dead ("is suspect",
              "is dead" in its log) + heartbeats answered reregister after the
@@ -86,9 +89,11 @@ def one(args, n, grpc, pb, pbg, pydir, sha):
             nodes = stub.ListNodes(pb.ListNodesRequest(), timeout=30).nodes
             return sum(1 for x in nodes if x.state == pb.NODE_STATE_READY)
         ok = wait_for(lambda: ready() == n, args.cold_max, 0.2)
-        row["cold_s"] = time.time() - t0 if ok else float("nan")
+        t_ready = time.time()
+        row["cold_s"] = t_ready - t0 if ok else float("nan")
         time.sleep(args.settle)
         c0, w0 = cpu_ticks(coord.pid), time.time()
+        row["load1"] = os.getloadavg()[0]
         lat = []
         for _ in range(3):
             t = time.time()
@@ -101,12 +106,13 @@ def one(args, n, grpc, pb, pbg, pydir, sha):
         row["cpu_pct"] = 100.0 * (c1 - c0) / os.sysconf("SC_CLK_TCK") / (w1 - w0)
         row["rss_mb"] = rss_mb(coord.pid)
         row["nodes_ms"] = 1000 * statistics.median(lat)
-        hb, stats = [], {"reg_misses": 0, "hb_misses": 0, "reregisters": 0, "errors": 0}
+        hb, cold_hb, stats = [], [], {"reg_misses": 0, "hb_misses": 0, "reregisters": 0, "errors": 0}
         for p, i in sims:
             p.wait(timeout=total_s + 300)
             with open(os.path.join(tmp, "sim%d.json" % i)) as f:
                 d = json.load(f)
             hb += [v for t, v in d["hb"] if w0 <= t <= w1]
+            cold_hb += [v for t, v in d["hb"] if t <= t_ready]
             for key in stats:
                 stats[key] += d[key]
             if d["first_error"]:
@@ -115,6 +121,9 @@ def one(args, n, grpc, pb, pbg, pydir, sha):
         row["hb_p50_ms"] = 1000 * fleet_sim.percentile(hb, 50)
         row["hb_p99_ms"] = 1000 * fleet_sim.percentile(hb, 99)
         row["hb_samples"] = len(hb)
+        cold_hb.sort()
+        row["cold_hb_p99_ms"] = 1000 * fleet_sim.percentile(cold_hb, 99)
+        row["cold_hb_samples"] = len(cold_hb)
         row.update(stats)
         row["suspects"] = len(re.findall(r"registry: \S+ is (?:suspect|dead)", text))
         return row
@@ -152,16 +161,20 @@ def main():
     pydir = tempfile.mkdtemp(prefix="strata-scale-py-")
     grpc, pb, pbg = control_stubs(args.proto, pydir)
     sha = fleet_sim.model_sha256(args.model)
-    print("%6s %6s %7s %9s %9s %7s %11s %9s %9s" % ("N", "cpu%", "rss MB", "hb p50ms", "hb p99ms", "cold s",
-                                                  "misses r/h", "suspects", "nodes ms"), flush=True)
+    print("load average at start: %.2f %.2f %.2f (%d CPUs; the simulators share them with the coordinator)"
+          % (os.getloadavg() + (os.cpu_count(),)), flush=True)
+    print("%6s %6s %7s %9s %9s %7s %12s %11s %9s %9s" % ("N", "cpu%", "rss MB", "hb p50ms", "hb p99ms", "cold s",
+                                                       "cold hb p99", "misses r/h", "suspects", "nodes ms"),
+          flush=True)
     for n in [int(x) for x in args.sizes.split(",")]:
         try:
             r = one(args, n, grpc, pb, pbg, pydir, sha)
         except Exception as e:  # noqa: BLE001 (a size this machine cannot simulate is reported, not fatal)
             print("%6d failed: %r" % (n, e), flush=True)
             continue
-        print("%6d %6.1f %7.1f %9.2f %9.2f %7.2f %5d/%-5d %9d %9.1f" % (
-            n, r["cpu_pct"], r["rss_mb"], r["hb_p50_ms"], r["hb_p99_ms"], r["cold_s"], r["reg_misses"],
+        print("%6d %6.1f %7.1f %9.2f %9.2f %7.2f %12.2f %5d/%-5d %9d %9.1f" % (
+            n, r["cpu_pct"], r["rss_mb"], r["hb_p50_ms"], r["hb_p99_ms"], r["cold_s"], r["cold_hb_p99_ms"],
+            r["reg_misses"],
             r["hb_misses"], r["suspects"] + r["reregisters"], r["nodes_ms"]), flush=True)
         print("       " + json.dumps(r), file=sys.stderr, flush=True)
     shutil.rmtree(pydir, ignore_errors=True)

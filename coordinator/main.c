@@ -546,12 +546,25 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg) {
  * gets the hard limit here. */
 static void raise_fd_limit(void) {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
-    rlim_t was = rl.rlim_cur;
-    rl.rlim_cur = rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
-        ST_INFO("coordinator: open-file limit raised from %llu to %llu", (unsigned long long)was,
-                (unsigned long long)rl.rlim_max);
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            ST_INFO("coordinator: open-file limit raised from %llu to %llu", (unsigned long long)was,
+                    (unsigned long long)rl.rlim_max);
+        else if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+            return;
+    }
+    /* The one real limit on the fleet's size: a worker holds one descriptor
+     * (its gRPC connection), the HTTP clients and the state files need the
+     * rest. Said at start, where the operator can still raise it. */
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 16384)
+        ST_WARN("coordinator: the open-file limit is %llu (hard limit %llu): about %llu workers and HTTP clients "
+                "can connect at once; raise the hard limit (LimitNOFILE= in the unit, ulimit -Hn) for a bigger "
+                "fleet",
+                (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max,
+                (unsigned long long)(rl.rlim_cur > 64 ? rl.rlim_cur - 64 : 0));
 }
 
 static int run(const coord_opts *o) {

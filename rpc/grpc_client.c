@@ -56,7 +56,13 @@ rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *er
         grpc_shutdown();
         return NULL;
     }
-    c->ch = grpc_channel_create(target, creds, NULL);
+    /* gRPC's default 4 MiB cap on a received message would make ListNodes
+     * fail somewhere past 30k nodes (about 120 bytes each); the limit is
+     * RPC_CLIENT_MAX_REPLY (grpc_client.h), reported as RESOURCE_EXHAUSTED. */
+    grpc_arg a = {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+                  .value.integer = RPC_CLIENT_MAX_REPLY};
+    grpc_channel_args args = {.num_args = 1, .args = &a};
+    c->ch = grpc_channel_create(target, creds, &args);
     grpc_channel_credentials_release(creds);
     if (!c->ch) {
         st_errf(err, "rpc: cannot create a channel to %s", target);

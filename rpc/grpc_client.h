@@ -27,6 +27,11 @@
 
 typedef struct rpc_client rpc_client;
 
+/* The largest reply message a client accepts (bytes): 256 MiB, room for
+ * ListNodes of about two million nodes. A bigger one fails the call with
+ * RESOURCE_EXHAUSTED and gRPC's message naming both sizes. */
+#define RPC_CLIENT_MAX_REPLY (256 << 20)
+
 /* A channel to target ("host:port", "127.0.0.1:7070", "[::1]:7070", or any
  * gRPC target URI such as "dns:///coord:7070"). Connects lazily, on the first
  * call. tls NULL: plaintext; else mutual TLS: the server's certificate must

@@ -7,8 +7,21 @@
  * wakes the loop through an eventfd (no evthread locking needed on the base).
  * The loop then calls the method's handler with the call, on the loop's
  * thread, unless the call's deadline passed while it was queued: then it is
- * answered DEADLINE_EXCEEDED without running the handler. The handler answers at once or later (timers, other events) with the
- * thread-safe rpc_call_* functions of grpc_server.h.
+ * answered DEADLINE_EXCEEDED without running the handler. The handler answers
+ * at once or later (timers, other events) with the thread-safe rpc_call_*
+ * functions of grpc_server.h.
+ *
+ * Priority: methods added with rpc_loop_add_urgent_method (the coordinator's
+ * Heartbeat) have their own queue, drained before every ordinary call, so an
+ * urgent call waits for at most the one ordinary handler that is running,
+ * never behind a burst of queued ones (a fleet's cold start of Registers).
+ * Ordinary calls run in arrival order. Both run on the loop's thread, so the
+ * handlers share the loop's data without locks.
+ *
+ * Allocation: a request of up to 512 bytes is copied into a pooled job slot
+ * and unpacked into that slot's arena, so a small call (a heartbeat) crosses
+ * the bridge without malloc; gRPC core and rpc_call_reply still allocate
+ * per call.
  *
  * Shutdown order (from the loop's thread):
  *   1. rpc_loop_close(b): finishes queued calls with UNAVAILABLE and refuses
@@ -35,6 +48,11 @@ rpc_loop *rpc_loop_create(struct event_base *base, st_err *err);
  * rpc_request it gets is a copy, valid until the handler returns; its msg is
  * unpacked again with m->request when set. m->name is copied. */
 int rpc_loop_add_method(rpc_loop *b, rpc_server *s, const rpc_method *m, st_err *err);
+
+/* Like rpc_loop_add_method, but the method's calls jump the queue (see
+ * Priority above). For short handlers only: each one delays every ordinary
+ * call queued behind it. */
+int rpc_loop_add_urgent_method(rpc_loop *b, rpc_server *s, const rpc_method *m, st_err *err);
 
 /* Finishes queued calls with UNAVAILABLE ("server stopping") and answers new
  * ones that way from now on. Idempotent. */

@@ -106,10 +106,16 @@ struct ctl_service {
     struct journal *jr;      /* the registry's changes since the snapshot (node_store.c) */
     struct leader *ha;       /* --etcd: the state in etcd, leader election (etcd_store.c) */
     bool standby;            /* --etcd and not (yet) the leader: nothing is served */
+    uint64_t fd_limit;       /* RLIMIT_NOFILE when the service started; 0 = unlimited */
+    int fd_alarm;            /* ctl_check_fd_room: 0, 1 = near the limit logged, 2 = at it logged */
 };
 
 /* control_service.c */
 void ctl_save_state(ctl_service *s);
+/* Logs (once per crossing) when the live nodes, one gRPC connection each,
+ * come near (90%) or up to the open-file limit less 64 descriptors for the
+ * rest: past it new workers' connections fail with EMFILE. Every tick. */
+void ctl_check_fd_room(ctl_service *s);
 /* The usable nodes (registered or ready, not draining), sorted by name, `except`
  * left out: *out is malloc'd (the caller frees it; NULL when none). Returns
  * their count, -1 when out of memory. */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -429,6 +430,29 @@ static void h_heartbeat(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_reply(c, &out.base);
 }
 
+/* ---------------------------------------------------------------- the open-file limit */
+
+void ctl_check_fd_room(ctl_service *s) {
+    if (!s->fd_limit) return;
+    uint64_t live = 0;
+    for (int i = 0; i < s->reg.n; i++) live += s->reg.nodes[i].lease != 0;
+    uint64_t room = s->fd_limit > 64 ? s->fd_limit - 64 : 0;
+    int level = live >= room ? 2 : live * 10 >= room * 9 ? 1 : 0;
+    if (level > s->fd_alarm && level == 2)
+        ST_ERROR("control: %" PRIu64 " live nodes, one connection each, are within 64 descriptors of the "
+                 "open-file limit %" PRIu64 ": workers past it cannot connect (EMFILE); raise the hard limit "
+                 "(LimitNOFILE=, ulimit -Hn) and restart the coordinator",
+                 live, s->fd_limit);
+    else if (level > s->fd_alarm)
+        ST_WARN("control: %" PRIu64 " live nodes: close to the open-file limit %" PRIu64
+                " (one connection each; about %" PRIu64 " fit); raise LimitNOFILE= for a bigger fleet",
+                live, s->fd_limit, room);
+    else if (level < s->fd_alarm && level == 0)
+        ST_INFO("control: %" PRIu64 " live nodes, below 90%% of the open-file limit %" PRIu64 " again", live,
+                s->fd_limit);
+    if (level > s->fd_alarm || level == 0) s->fd_alarm = level;
+}
+
 /* ---------------------------------------------------------------- status / nodes */
 
 static void h_status(rpc_call *c, const rpc_request *req, void *ud) {
@@ -582,6 +606,8 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
     if (!(s->o.ready_timeout_s > 0)) s->o.ready_timeout_s = 120;
     if (!(s->o.recovery_timeout_s > 0)) s->o.recovery_timeout_s = RECOVERY_TIMEOUT_S;
     s->t0 = st_now_s();
+    struct rlimit rl; /* after the coordinator raised it (main.c) */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) s->fd_limit = rl.rlim_cur;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     registry_init(&s->reg, o->heartbeat_ms, o->suspect_missed, o->dead_after_ms,
@@ -614,7 +640,11 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
         !(s->loop = rpc_loop_create(base, err)))
         goto fail;
     /* Register, Heartbeat and Leave check the node name themselves (authz.h); every
-     * other call is an operator's, checked by h_operator before its handler. */
+     * other call is an operator's, checked by h_operator before its handler.
+     * Heartbeat is urgent (rpc/grpc_loop.h): it runs before every queued
+     * ordinary call, so a burst of Registers (a fleet's cold start) or a big
+     * ListNodes never delays a live node's heartbeat into a false suspect.
+     * All handlers run on the loop's thread, which alone owns the registry. */
     static const struct {
         const char *name;
         rpc_kind kind;
@@ -648,7 +678,8 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
             m.handler = h_guarded;
             m.ud = &s->guards[i];
         }
-        if (rpc_loop_add_method(s->loop, s->srv, &m, err) != 0) goto fail;
+        bool urgent = methods[i].fn == h_heartbeat;
+        if ((urgent ? rpc_loop_add_urgent_method : rpc_loop_add_method)(s->loop, s->srv, &m, err) != 0) goto fail;
     }
     if (rpc_server_start(s->srv, err) != 0) goto fail;
     event_active(s->tick_ev, 0, 0);

@@ -207,6 +207,7 @@ void ctl_tick(evutil_socket_t fd, short what, void *arg) {
     double t = st_now_s();
     registry_tick(&s->reg, t);
     ctl_store_tick(s, t);
+    ctl_check_fd_room(s);
     if (s->pend && s->pend->failed) {
         ST_ERROR("control: placement epoch %" PRIu64 " failed to load: %s%s", s->pend->pl.epoch,
                  s->pend->fail_msg,

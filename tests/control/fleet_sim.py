@@ -50,7 +50,10 @@ class Fleet:
         self.all_registered_at = None
 
     def _channel(self):
-        opts = [("grpc.enable_retries", 0)]
+        # A local subchannel pool: one TCP connection per simulated worker, as
+        # each daemon has its own (grpc shares one between channels to the same
+        # target otherwise).
+        opts = [("grpc.enable_retries", 0), ("grpc.use_local_subchannel_pool", 1)]
         if self.creds:
             return self.grpc.aio.secure_channel(self.addr, self.creds, options=opts)
         return self.grpc.aio.insecure_channel(self.addr, options=opts)

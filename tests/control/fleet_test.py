@@ -13,6 +13,9 @@ strata-coordinator --live on loopback.
            no live node is declared dead or suspect.
   remove   stratactl node remove; the removed node registers again as new;
            --dead-node-expiry removes a dead node; both survive a restart.
+  fdlimit  the coordinator under an open-file hard limit of 256 and 300
+           simulated workers: the limit is reported at start and when the
+           live nodes reach it; the coordinator keeps serving, and exits 0.
 
 Runs under /usr/bin/python3 (python3-grpcio).
 """
@@ -21,6 +24,7 @@ import asyncio
 import http.client
 import os
 import re
+import resource
 import subprocess
 import sys
 import threading
@@ -33,10 +37,11 @@ import fleet_sim  # noqa: E402
 
 
 class Coord(LiveBase):
-    def __init__(self, args, extra):
+    def __init__(self, args, extra, nofile=None):
         super().__init__(args, "strata-fleet-")
         self.state = os.path.join(self.tmp, "state.json")
         self.extra = extra
+        self.nofile = nofile
         self.n = 0
         self.start()
         self.chan = grpc.insecure_channel(self.grpc_addr)
@@ -48,7 +53,9 @@ class Coord(LiveBase):
         self.proc = subprocess.Popen(
             [self.args.coordinator, "--live", "--config", self.cfg, "--listen", "127.0.0.1:%d" % self.http_port,
              "--grpc-listen", self.grpc_addr, "--state", self.state] + self.extra,
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=self.env)
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=self.env,
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile)))
+            if self.nofile else None)
 
     def kill(self):
         self.proc.kill()
@@ -310,9 +317,50 @@ def mode_remove(args):
             print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
 
 
+def mode_fdlimit(args):
+    """The open-file limit is the one real limit on the fleet's size (one
+    gRPC connection per worker): under a hard limit of 256 it is reported at
+    start, and again once the live nodes reach it; the workers past it cannot
+    connect, and the coordinator keeps serving the connections it has."""
+    L = 256
+    co = Coord(args, ["--heartbeat-ms", "1000", "--dead-after-ms", "10000", "--min-workers", "100000"], nofile=L)
+    sim = None
+    try:
+        check(co.up(), "coordinator answers GetStatus (its connection is made before the fleet's)")
+        text = co.log_text()
+        check("the open-file limit is %d (hard limit %d)" % (L, L) in text,
+              "the low limit is reported at start: %s" % text[-300:])
+        f = fleet_sim.Fleet(grpc, pb, pbg, co.grpc_addr, co.model, 300, prefix="f", deadline_s=5.0)
+        sim = SimThread(f, ramp_s=2.0)
+        full = "of the open-file limit %d: workers past it cannot connect (EMFILE)" % L
+        check(wait_for(lambda: full in co.log_text(), 60, 0.2),
+              "reaching the limit is logged as an error: %s" % co.log_text()[-400:])
+        text = co.log_text()
+        check(re.search(r"live nodes: close to the open-file limit %d" % L, text) is not None,
+              "coming near it was logged first")
+        seen = []
+
+        def settled():  # registrations stop once the descriptors are gone
+            seen.append(len(co.nodes()))
+            return len(seen) >= 8 and seen[-1] == seen[-8]
+        check(wait_for(settled, 60, 0.5), "the registrations stop (%s)" % seen[-8:])
+        n = seen[-1]
+        check(L - 64 <= n < 300, "the nodes that found a descriptor registered, the others did not (%d of 300)" % n)
+        check(co.proc.poll() is None, "the coordinator is still running")
+        st = co.stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+        check(st.nodes_total == n, "and still answers (GetStatus: %d nodes)" % st.nodes_total)
+    finally:
+        if sim:
+            sim.stop()
+        rc = co.stop()
+        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
+        if FAILS:
+            print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["scale", "journal", "restart", "remove"])
+    ap.add_argument("mode", choices=["scale", "journal", "restart", "remove", "fdlimit"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--stratactl")
     ap.add_argument("--proto", required=True)
@@ -321,7 +369,8 @@ def main():
     args = ap.parse_args()
     global grpc, pb, pbg
     grpc, pb, pbg = control_stubs(args.proto, os.path.join(args.workdir, "fleet_py_" + args.mode))
-    {"scale": mode_scale, "journal": mode_journal, "restart": mode_restart, "remove": mode_remove}[args.mode](args)
+    {"scale": mode_scale, "journal": mode_journal, "restart": mode_restart, "remove": mode_remove,
+     "fdlimit": mode_fdlimit}[args.mode](args)
     print("FAILED: %d check(s)" % len(FAILS) if FAILS else "all checks passed")
     sys.exit(1 if FAILS else 0)
 

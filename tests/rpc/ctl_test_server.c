@@ -11,10 +11,14 @@
  * the request after 300 ms (deadline tests); /strata.v1.Test/Echo echoes it at
  * once from the rpc thread (a direct handler, no loop); /strata.v1.Test/NoReply
  * finishes OK without a reply (the server must turn that into INTERNAL);
- * /strata.v1.Test/Block holds the loop for 600 ms, then echoes;
+ * /strata.v1.Test/Block holds the loop for 600 ms (or the request's decimal
+ * number of ms), then echoes;
  * /strata.v1.Test/Count answers the number of times its handler ran, as
  * decimal text (a call whose deadline passed while it was queued behind Block
- * must not run it: rpc/grpc_loop.h).
+ * must not run it: rpc/grpc_loop.h); /strata.v1.Test/Order (ordinary) and
+ * /strata.v1.Test/Urgent (rpc_loop_add_urgent_method) answer "SEQ LEN": the
+ * order in which their handlers ran, counted over both, and the request's
+ * length (an urgent call queued behind ordinary ones runs first).
  *
  * Generate streams max_tokens chunks (default 8), one every --gen-delay-ms:
  * chunk i carries token_ids [100+i] and text " t<i>"; the last one has
@@ -479,7 +483,10 @@ static void h_slow(rpc_call *c, const rpc_request *req, void *ud) {
 }
 
 static void h_block(rpc_call *c, const rpc_request *req, void *ud) {
-    struct timespec ts = {0, 600 * 1000 * 1000};
+    long ms = req->len > 0 && req->len < 6 ? 0 : 600; /* "1500": hold 1.5 s */
+    for (size_t i = 0; ms != 600 && i < req->len; i++)
+        ms = req->bytes[i] >= '0' && req->bytes[i] <= '9' ? ms * 10 + (req->bytes[i] - '0') : 600;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000 * 1000};
     nanosleep(&ts, NULL); /* the whole loop waits: the calls behind it queue */
     rpc_call_reply(c, req->bytes, req->len);
 }
@@ -488,6 +495,13 @@ static void h_count(rpc_call *c, const rpc_request *req, void *ud) {
     static int runs;
     char buf[16];
     int n = snprintf(buf, sizeof buf, "%d", ++runs);
+    rpc_call_reply(c, buf, (size_t)n);
+}
+
+static void h_sequence(rpc_call *c, const rpc_request *req, void *ud) {
+    static int seq;
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%d %zu", ++seq, req->len);
     rpc_call_reply(c, buf, (size_t)n);
 }
 
@@ -578,6 +592,11 @@ int main(int argc, char **argv) {
     if (!lp) rc = 1;
     for (size_t i = 0; rc == 0 && i < sizeof methods / sizeof methods[0]; i++)
         if (rpc_loop_add_method(lp, srv, &methods[i], &err) != 0) rc = 1;
+    const rpc_method order = {"/strata.v1.Test/Order", RPC_KIND_UNARY, h_sequence, NULL, NULL};
+    const rpc_method urgent = {"/strata.v1.Test/Urgent", RPC_KIND_UNARY, h_sequence, NULL, NULL};
+    if (rc == 0 && (rpc_loop_add_method(lp, srv, &order, &err) != 0 ||
+                    rpc_loop_add_urgent_method(lp, srv, &urgent, &err) != 0))
+        rc = 1;
     const rpc_method direct[] = {
         {"/strata.v1.Test/Echo", RPC_KIND_UNARY, h_echo, NULL, NULL},
         {"/strata.v1.Test/NoReply", RPC_KIND_UNARY, h_no_reply, NULL, NULL},

@@ -144,6 +144,26 @@ def main():
             time.sleep(0.2)
             n = raw("/strata.v1.Test/Count")(b"", timeout=5)
             t.check(n == b"1", "the expired call's handler did not run: this is run %r" % n)
+            # Priority (rpc_loop_add_urgent_method): while the loop is held,
+            # four ordinary calls queue, then an urgent one; the urgent
+            # handler runs first. One ordinary request is bigger than a job
+            # slot's inline copy (512 bytes) and arrives whole.
+            blocked = raw("/strata.v1.Test/Block").future(b"1500", timeout=10)
+            time.sleep(0.2)  # Block holds the loop now
+            sizes = [3, 4000, 5, 6]
+            ordinary = []
+            for n in sizes:
+                ordinary.append(raw("/strata.v1.Test/Order").future(b"o" * n, timeout=10))
+                time.sleep(0.02)
+            time.sleep(0.1)
+            urgent = raw("/strata.v1.Test/Urgent").future(b"u" * 7, timeout=10)
+            t.check(blocked.result() == b"1500", "the blocking call completes")
+            got_u = urgent.result().split()
+            got_o = [f.result().split() for f in ordinary]
+            t.check(got_u == [b"1", b"7"], "the urgent call ran first, with its 7 bytes: %r" % got_u)
+            t.check(sorted(int(g[0]) for g in got_o) == [2, 3, 4, 5] and
+                    [int(g[1]) for g in got_o] == sizes,
+                    "the ordinary calls ran after it, with their bytes: %r" % got_o)
             # The server still serves after the errors.
             t.check(len(stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes) == 3,
                     "still serving")
