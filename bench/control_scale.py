@@ -83,7 +83,8 @@ def one(args, n, grpc, pb, pbg, pydir, sha):
             sims.append((subprocess.Popen(
                 [sys.executable, fleet_sim.__file__, "--addr", addr, "--model", args.model, "--sha", sha,
                  "--proto-dir", pydir, "-n", str(hi - lo), "--first", str(lo), "--seconds", str(total_s),
-                 "--out", os.path.join(tmp, "sim%d.json" % i)], stdout=subprocess.PIPE, text=True), i))
+                 "--out", os.path.join(tmp, "sim%d.json" % i)] +
+                (["--shared-connections"] if args.shared_connections else []), stdout=subprocess.PIPE, text=True), i))
 
         def ready():
             nodes = stub.ListNodes(pb.ListNodesRequest(), timeout=30).nodes
@@ -157,6 +158,9 @@ def main():
     ap.add_argument("--settle", type=float, default=3.0)
     ap.add_argument("--cold-max", type=float, default=120.0)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--shared-connections", action="store_true",
+                    help="the simulated workers of one process share gRPC connections (default: one each, as "
+                         "the daemons); a small machine can then drive more of them")
     args = ap.parse_args()
     pydir = tempfile.mkdtemp(prefix="strata-scale-py-")
     grpc, pb, pbg = control_stubs(args.proto, pydir)

@@ -3,12 +3,16 @@
 # benchmark: figures, not pass/fail).
 #
 #   bench/control_scale.sh [--sizes 1000,5000,10000] [--build DIR] [--coordinator BIN]
-#                          [--window S] [--per-proc N] [--keep]
+#                          [--window S] [--per-proc N] [--cold-max S] [--shared-connections] [--keep]
 #
 # For each N: a fresh strata-coordinator --live on loopback and N simulated
 # workers over the real gRPC API (tests/control/fleet_sim.py: one channel per
 # worker, Register, Heartbeat at 1 Hz; Python asyncio on grpc.aio, split over
-# processes of --per-proc workers, default 2500), all started at once. Prints
+# processes of --per-proc workers, default 2500), all started at once; one TCP
+# connection per worker as the daemons have, or with --shared-connections
+# grpc's sharing within a simulator process (a small machine cannot drive
+# thousands of Python-side connections; the coordinator's registry and loop are
+# still measured, its accepts and per-connection cost are not). Prints
 # per N: coordinator CPU (% of one core, steady state), RSS, heartbeat
 # p50/p99, cold start of the whole fleet (until ListNodes shows all N ready),
 # Register/Heartbeat deadline misses, false suspects, `stratactl nodes`
@@ -30,8 +34,8 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift 2 ;;
     --coordinator) coordinator="$2"; shift 2 ;;
     --sizes|--window|--per-proc|--settle|--cold-max) args+=("$1" "$2"); shift 2 ;;
-    --keep) args+=("$1"); shift ;;
-    *) echo "usage: $0 [--sizes N,N,...] [--build DIR] [--coordinator BIN] [--window S] [--per-proc N] [--keep]" >&2
+    --keep|--shared-connections) args+=("$1"); shift ;;
+    *) echo "usage: $0 [--sizes N,N,...] [--build DIR] [--coordinator BIN] [--window S] [--per-proc N] [--cold-max S] [--shared-connections] [--keep]" >&2
        exit 2 ;;
   esac
 done

@@ -372,6 +372,10 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
     }
     reg_gpu gpus[REG_GPU_MAX];
     int n_gpus = 0;
+    if (r->n_devices && r->devices[0]->n_gpus > REG_GPU_MAX) /* display detail only: placement uses the count */
+        ST_WARN("control: %s lists %zu GPUs; the registry keeps the details (name, memory, PCI bus id) of the first "
+                "%d (REG_GPU_MAX), placement uses all %u",
+                r->node, r->devices[0]->n_gpus, REG_GPU_MAX, r->devices[0]->count);
     for (size_t i = 0; r->n_devices && i < r->devices[0]->n_gpus && n_gpus < REG_GPU_MAX; i++, n_gpus++) {
         const Strata__V1__Gpu *g = r->devices[0]->gpus[i];
         memset(&gpus[n_gpus], 0, sizeof gpus[n_gpus]);

@@ -33,10 +33,11 @@ class Fleet:
     no longer knows: it declared the node dead)."""
 
     def __init__(self, grpc, pb, pbg, addr, model_path, n, prefix="sim", memory=1 << 30,
-                 hb_s=1.0, deadline_s=2.0, creds=None, sha=None, first=0):
+                 hb_s=1.0, deadline_s=2.0, creds=None, sha=None, first=0, shared_connections=False):
         self.grpc, self.pb, self.pbg = grpc, pb, pbg
         self.addr, self.n, self.prefix, self.memory = addr, n, prefix, memory
         self.hb_s, self.deadline_s, self.creds = hb_s, deadline_s, creds
+        self.shared_connections = shared_connections
         self.model = pb.ModelFile(name=os.path.basename(model_path), size_bytes=os.path.getsize(model_path),
                                   sha256=sha or model_sha256(model_path))
         self.names = ["%s-%05d" % (prefix, first + i) for i in range(n)]
@@ -52,8 +53,12 @@ class Fleet:
     def _channel(self):
         # A local subchannel pool: one TCP connection per simulated worker, as
         # each daemon has its own (grpc shares one between channels to the same
-        # target otherwise).
-        opts = [("grpc.enable_retries", 0), ("grpc.use_local_subchannel_pool", 1)]
+        # target otherwise). shared_connections: grpc's sharing, so that one
+        # process can drive more workers (the coordinator then sees few
+        # connections: its registry and loop are measured, not its accepts).
+        opts = [("grpc.enable_retries", 0)]
+        if not self.shared_connections:
+            opts.append(("grpc.use_local_subchannel_pool", 1))
         if self.creds:
             return self.grpc.aio.secure_channel(self.addr, self.creds, options=opts)
         return self.grpc.aio.insecure_channel(self.addr, options=opts)
@@ -159,6 +164,7 @@ def main():
     ap.add_argument("--prefix", default="sim")
     ap.add_argument("--seconds", type=float, required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--shared-connections", action="store_true")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -167,7 +173,8 @@ def main():
     import grpc.aio  # noqa: F401
     import control_pb2
     import control_pb2_grpc
-    f = Fleet(grpc, control_pb2, control_pb2_grpc, a.addr, a.model, a.n, prefix=a.prefix, sha=a.sha, first=a.first)
+    f = Fleet(grpc, control_pb2, control_pb2_grpc, a.addr, a.model, a.n, prefix=a.prefix, sha=a.sha, first=a.first,
+              shared_connections=a.shared_connections)
     hb_t = []
     lat = f.hb_lat
 
