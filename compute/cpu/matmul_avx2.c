@@ -66,8 +66,17 @@ AI float reduce16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(s1);
 }
 
-/* Software prefetch distance (see matmul_avx512.c). */
-#define PF_DIST 2048
+/* Software prefetch distance in bytes ahead of the weight row being read
+ * (see matmul_avx512.c). One core's share of DRAM bandwidth is bounded by
+ * the misses it keeps in flight, so the prefetch runs far ahead: measured
+ * with strata-bench-matmul, 1 thread, bench-1b shapes (GB/s, F16 | Q8_0):
+ * 2 KiB 26 | 28, 4 KiB 33 | 33, 6 KiB 38 | 39, 8 KiB 31 | 43. */
+#ifndef PF_DIST
+#define PF_DIST 6144
+#endif
+#ifndef PF_DIST_Q8
+#define PF_DIST_Q8 8192
+#endif
 
 /* Dense types: one row × NT token rows. a[t][0..1]: even chunks (lo, hi),
  * a[t][2..3]: odd chunks. Tail chunks of 16 (the last may be partial) go to
@@ -217,11 +226,11 @@ AI float dot_q8(const uint8_t *wr, const int8_t *xq, const float *xd, int64_t nb
     __m256 acc = _mm256_setzero_ps();
     int64_t b0 = 0;
     for (; b0 + 8 <= nb; b0 += 8, wr += 8 * (2 + QK8_0)) {
-        _mm_prefetch((const char *)wr + PF_DIST, _MM_HINT_T0);
-        _mm_prefetch((const char *)wr + PF_DIST + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)wr + PF_DIST + 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)wr + PF_DIST + 192, _MM_HINT_T0);
-        _mm_prefetch((const char *)wr + PF_DIST + 256, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + PF_DIST_Q8, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + PF_DIST_Q8 + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + PF_DIST_Q8 + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + PF_DIST_Q8 + 192, _MM_HINT_T0);
+        _mm_prefetch((const char *)wr + PF_DIST_Q8 + 256, _MM_HINT_T0);
         __m256i p[8];
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {

@@ -50,9 +50,12 @@ AI __m512 loadm_bf16(const uint8_t *r, int64_t k, __mmask16 m) {
 /* Software prefetch distance in bytes ahead of the weight row being read.
  * Decode streams every weight once per token; the hardware prefetchers alone
  * leave one core well short of DRAM bandwidth (bench-1b F16, 2 threads:
- * 7.7 tok/s without, 10.3-11.3 with 2 KiB; 512 B gave 8.8, 4 KiB 11.2). */
+ * 7.7 tok/s without, 10.3-11.3 with 2 KiB; 512 B gave 8.8, 4 KiB 11.2).
+ * 6 KiB keeps more misses in flight: strata-bench-matmul F16, bench-1b
+ * layer mix, best of 3 on a loaded machine: 1 thread 32.6 -> 34.5 GB/s,
+ * 2 threads 26.1 -> 36.2 GB/s against 2 KiB. */
 #ifndef PF_DIST
-#define PF_DIST 2048
+#define PF_DIST 6144
 #endif
 typedef float f32_elem;
 typedef uint16_t f16_elem;
