@@ -108,10 +108,19 @@ def one(args, n, grpc, pb, pbg, pydir, sha):
         row["rss_mb"] = rss_mb(coord.pid)
         row["nodes_ms"] = 1000 * statistics.median(lat)
         hb, cold_hb, stats = [], [], {"reg_misses": 0, "hb_misses": 0, "reregisters": 0, "errors": 0}
+        row["lost_sims"] = 0
         for p, i in sims:
-            p.wait(timeout=total_s + 300)
-            with open(os.path.join(tmp, "sim%d.json" % i)) as f:
-                d = json.load(f)
+            try:
+                p.wait(timeout=max(5.0, t0 + total_s + 60 - time.time()))
+                with open(os.path.join(tmp, "sim%d.json" % i)) as f:
+                    d = json.load(f)
+            except (subprocess.TimeoutExpired, OSError, ValueError):
+                # a starved simulator that never wrote its figures: the row
+                # says so instead of being lost
+                p.kill()
+                p.wait()
+                row["lost_sims"] += 1
+                continue
             hb += [v for t, v in d["hb"] if w0 <= t <= w1]
             cold_hb += [v for t, v in d["hb"] if t <= t_ready]
             for key in stats:
@@ -180,6 +189,9 @@ def main():
             n, r["cpu_pct"], r["rss_mb"], r["hb_p50_ms"], r["hb_p99_ms"], r["cold_s"], r["cold_hb_p99_ms"],
             r["reg_misses"],
             r["hb_misses"], r["suspects"] + r["reregisters"], r["nodes_ms"]), flush=True)
+        if r["lost_sims"]:
+            print("       (%d simulator process(es) hung and were killed: their workers are not in the "
+                  "figures)" % r["lost_sims"], flush=True)
         print("       " + json.dumps(r), file=sys.stderr, flush=True)
     shutil.rmtree(pydir, ignore_errors=True)
 
