@@ -64,6 +64,7 @@ struct rpc_loop {
     size_t n_pool;
     loop_method **methods; /* owned, freed by rpc_loop_destroy */
     size_t n_methods;
+    atomic_uint_fast64_t calls, job_mallocs, bytes_mallocs, arena_mallocs; /* rpc_loop_stats */
 };
 
 /* ------------------------------------------------------------------ job slots */
@@ -76,7 +77,10 @@ static job *job_get(rpc_loop *b) {
         b->n_pool--;
     }
     pthread_mutex_unlock(&b->mu);
-    if (!j && !(j = malloc(sizeof *j))) return NULL;
+    if (!j) {
+        if (!(j = malloc(sizeof *j))) return NULL;
+        atomic_fetch_add(&b->job_mallocs, 1);
+    }
     j->next = NULL;
     j->bytes = NULL;
     j->arena_used = 0;
@@ -105,6 +109,7 @@ static void *arena_alloc(void *ud, size_t size) {
         j->arena_used = at + size;
         return j->arena + at;
     }
+    atomic_fetch_add(&j->lm->b->arena_mallocs, 1);
     return malloc(size);
 }
 
@@ -185,6 +190,8 @@ static void trampoline(rpc_call *call, const rpc_request *req, void *ud) {
     rpc_loop *b = lm->b;
     job *j = job_get(b);
     uint8_t *bytes = !j ? NULL : req->len <= JOB_INLINE ? j->inline_bytes : malloc(req->len);
+    atomic_fetch_add(&b->calls, 1);
+    if (j && req->len > JOB_INLINE) atomic_fetch_add(&b->bytes_mallocs, 1);
     if (!j || !bytes) {
         if (j) job_put(b, j);
         rpc_call_finish(call, RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -274,6 +281,13 @@ int rpc_loop_add_method(rpc_loop *b, rpc_server *s, const rpc_method *m, st_err 
 
 int rpc_loop_add_urgent_method(rpc_loop *b, rpc_server *s, const rpc_method *m, st_err *err) {
     return add_method(b, s, m, true, err);
+}
+
+void rpc_loop_get_stats(rpc_loop *b, rpc_loop_stats *out) {
+    out->calls = atomic_load(&b->calls);
+    out->job_mallocs = atomic_load(&b->job_mallocs);
+    out->bytes_mallocs = atomic_load(&b->bytes_mallocs);
+    out->arena_mallocs = atomic_load(&b->arena_mallocs);
 }
 
 static void finish_all(rpc_loop *b, job_queue *q) {

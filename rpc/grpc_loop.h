@@ -54,6 +54,15 @@ int rpc_loop_add_method(rpc_loop *b, rpc_server *s, const rpc_method *m, st_err 
  * call queued behind it. */
 int rpc_loop_add_urgent_method(rpc_loop *b, rpc_server *s, const rpc_method *m, st_err *err);
 
+/* What crossed the bridge, for tests and benchmarks (any thread): calls
+ * queued, and the mallocs on their way: new job slots (the pool grows to the
+ * most calls queued at once, then stays), copies of requests over 512 bytes,
+ * unpacked messages that outgrew a slot's 1 KiB arena. */
+typedef struct rpc_loop_stats {
+    uint64_t calls, job_mallocs, bytes_mallocs, arena_mallocs;
+} rpc_loop_stats;
+void rpc_loop_get_stats(rpc_loop *b, rpc_loop_stats *out);
+
 /* Finishes queued calls with UNAVAILABLE ("server stopping") and answers new
  * ones that way from now on. Idempotent. */
 void rpc_loop_close(rpc_loop *b);

@@ -18,7 +18,9 @@
  * must not run it: rpc/grpc_loop.h); /strata.v1.Test/Order (ordinary) and
  * /strata.v1.Test/Urgent (rpc_loop_add_urgent_method) answer "SEQ LEN": the
  * order in which their handlers ran, counted over both, and the request's
- * length (an urgent call queued behind ordinary ones runs first).
+ * length (an urgent call queued behind ordinary ones runs first);
+ * /strata.v1.Test/LoopStats (rpc thread) answers the bridge's counters
+ * (rpc_loop_get_stats) as "CALLS JOB_MALLOCS BYTES_MALLOCS ARENA_MALLOCS".
  *
  * Generate streams max_tokens chunks (default 8), one every --gen-delay-ms:
  * chunk i carries token_ids [100+i] and text " t<i>"; the last one has
@@ -510,6 +512,16 @@ static void h_echo(rpc_call *c, const rpc_request *req, void *ud) {
     rpc_call_reply(c, req->bytes, req->len);
 }
 
+/* "CALLS JOB_MALLOCS BYTES_MALLOCS ARENA_MALLOCS" of the loop bridge. */
+static void h_loop_stats(rpc_call *c, const rpc_request *req, void *ud) {
+    rpc_loop_stats st;
+    rpc_loop_get_stats(ud, &st);
+    char buf[128];
+    int n = snprintf(buf, sizeof buf, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64, st.calls, st.job_mallocs,
+                     st.bytes_mallocs, st.arena_mallocs);
+    rpc_call_reply(c, buf, (size_t)n);
+}
+
 static void h_no_reply(rpc_call *c, const rpc_request *req, void *ud) {
     rpc_call_finish(c, RPC_OK, NULL); /* a bug the server turns into INTERNAL */
 }
@@ -600,8 +612,9 @@ int main(int argc, char **argv) {
     const rpc_method direct[] = {
         {"/strata.v1.Test/Echo", RPC_KIND_UNARY, h_echo, NULL, NULL},
         {"/strata.v1.Test/NoReply", RPC_KIND_UNARY, h_no_reply, NULL, NULL},
+        {"/strata.v1.Test/LoopStats", RPC_KIND_UNARY, h_loop_stats, lp, NULL},
     };
-    for (size_t i = 0; rc == 0 && i < 2; i++)
+    for (size_t i = 0; rc == 0 && i < 3; i++)
         if (rpc_server_add_method(srv, &direct[i], &err) != 0) rc = 1;
     if (rc == 0 && rpc_server_start(srv, &err) != 0) rc = 1;
     if (rc != 0) {

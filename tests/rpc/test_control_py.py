@@ -164,6 +164,20 @@ def main():
             t.check(sorted(int(g[0]) for g in got_o) == [2, 3, 4, 5] and
                     [int(g[1]) for g in got_o] == sizes,
                     "the ordinary calls ran after it, with their bytes: %r" % got_o)
+            # The heartbeat path allocates nothing of ours on the bridge: 200
+            # heartbeats one after another reuse one pooled job slot, their
+            # bytes fit its inline copy and their messages its arena.
+            stats = lambda: [int(x) for x in raw("/strata.v1.Test/LoopStats")(b"", timeout=5).split()]  # noqa: E731
+            before = stats()
+            for _ in range(200):
+                stub.Heartbeat(pb.HeartbeatRequest(node="node-a", lease_id=1, running_sequences=3,
+                                                   kv_blocks_used=7, kv_blocks_free=9, busy_fraction=0.5,
+                                                   bytes_sent=123456789), timeout=5)
+            after = stats()
+            t.check(after[0] - before[0] == 200, "200 heartbeats crossed the bridge (%r -> %r)" % (before, after))
+            t.check(after[1:] == before[1:],
+                    "and no job slot, request copy or message was malloc'd for them (%r -> %r)" % (before, after))
+            t.check(before[2] >= 1, "the 4000-byte request above did take a malloc'd copy (%r)" % before)
             # The server still serves after the errors.
             t.check(len(stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes) == 3,
                     "still serving")
