@@ -6,7 +6,7 @@
  * Q8_0 weights take llama.cpp's route at every T: the token rows are
  * quantized to Q8_0 blocks first (cpu_quantize_q8) and dotted in integers,
  * by the matvec for small T and by the level's integer GEMM (gemm_q8_*.c,
- * VNNI on the avx512 level where the CPU has it) for larger T, both in the
+ * VNNI on the avx512 level where the CPU has it, cpu_matmul_set_vnni) for larger T, both in the
  * canonical Q8_0 order (the same bits). cpu_matmul_set_q8_float(1) sends
  * Q8_0 to the dequantized-float GEMM instead (the tests' reference).
  * Otherwise GEMM: the level's own register-blocked kernel (x packed
@@ -18,7 +18,8 @@
  *
  * The level is detected once (pthread_once); STRATA_SIMD=scalar|avx2|avx512
  * forces a lower one, cpu_matmul_set_level() changes it (tests, benches).
- * STRATA_MATVEC_MAX_T overrides the matvec/GEMM threshold (tuning).
+ * STRATA_MATVEC_MAX_T overrides the matvec/GEMM threshold (tuning);
+ * STRATA_VNNI=0 keeps the avx512 level's Q8_0 GEMM off AVX512-VNNI.
  */
 #include "compute/cpu/matmul.h"
 
@@ -47,7 +48,8 @@ static int mm_best = CPU_SIMD_SCALAR;
 static atomic_int mm_level = CPU_SIMD_SCALAR;
 static atomic_int mm_blas_gemm = 0;
 static atomic_int mm_matvec_max_t = CPU_MATVEC_MAX_T;
-static int mm_vnni; /* the CPU has AVX512-VNNI: the avx512 level's Q8_0 GEMM uses it */
+static int mm_vnni; /* the CPU has AVX512-VNNI */
+static atomic_int mm_use_vnni; /* the avx512 level's Q8_0 GEMM uses it (default: where the CPU has it) */
 static atomic_int mm_q8_float = 0;
 
 static const char *level_names[] = {"scalar", "avx2", "avx512"};
@@ -70,6 +72,8 @@ static void mm_init(void) {
         best = CPU_SIMD_AVX512;
     mm_best = best;
     mm_vnni = best == CPU_SIMD_AVX512 && __builtin_cpu_supports("avx512vnni");
+    const char *vn = getenv("STRATA_VNNI"); /* 0: the avx512 level's Q8_0 GEMM without VNNI (tuning) */
+    atomic_store(&mm_use_vnni, mm_vnni && !(vn && strcmp(vn, "0") == 0));
     int lv = best;
     const char *env = getenv("STRATA_SIMD");
     if (env && *env) {
@@ -121,7 +125,14 @@ void cpu_matmul_set_q8_float(int on) {
 
 int cpu_matmul_vnni(void) {
     pthread_once(&mm_once, mm_init);
-    return mm_vnni && atomic_load(&mm_level) == CPU_SIMD_AVX512;
+    return atomic_load(&mm_use_vnni) && atomic_load(&mm_level) == CPU_SIMD_AVX512;
+}
+
+int cpu_matmul_set_vnni(int on, st_err *err) {
+    pthread_once(&mm_once, mm_init);
+    if (on && !mm_vnni) return st_errf(err, "matmul: this CPU has no AVX512-VNNI");
+    atomic_store(&mm_use_vnni, on ? 1 : 0);
+    return 0;
 }
 
 void cpu_matmul_set_blas_gemm(int on) {
@@ -382,7 +393,7 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     const int matvec = T < atomic_load(&mm_matvec_max_t) && !q8_float; /* the float path is the GEMM's */
     if (wtype == GGML_TYPE_Q8_0 && !q8_float) {
         if (!matvec && kn->gemm_q8) {
-            const int vnni = lv == CPU_SIMD_AVX512 && mm_vnni;
+            const int vnni = lv == CPU_SIMD_AVX512 && atomic_load(&mm_use_vnni);
             j.gemm_q8 = vnni ? cpu_gemm_q8_vnni : kn->gemm_q8;
             j.xbias = vnni;
             j.scratch_n = CPU_Q8_PANEL_BYTES(K) / sizeof(float);

@@ -49,6 +49,10 @@ void cpu_matmul_set_q8_float(int on);
  * own: the results are the same bits either way). */
 int cpu_matmul_vnni(void);
 
+/* Turns that use of AVX512-VNNI off (0) or back on (1: -1 with err where the
+ * CPU lacks it); tests and benchmarks, process-wide like cpu_matmul_set_level. */
+int cpu_matmul_set_vnni(int on, st_err *err);
+
 /* Quantizes n floats (a multiple of 32) to Q8_0 blocks as ggml's AVX2
  * quantize_row_q8_0 does: per block of 32, amax = max |x|, scale
  * d[b] = f16(amax / 127) (stored widened to f32), q = round-half-even(x * 127 / amax)

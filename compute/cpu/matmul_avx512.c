@@ -335,5 +335,5 @@ static void av5_micro(int64_t kc, const float *A, int64_t lda, const float *B, i
 }
 
 const cpu_kernels cpu_kernels_avx512 = {"avx512", av5_matvec, cpu_matvec_q8_avx2, av5_to_f32, av5_micro, 64,
-                                      cpu_gemm_q8_avx2 /* cpu_gemm_q8_vnni where the CPU has VNNI (matmul.c) */,
+                                      cpu_gemm_q8_avx512 /* cpu_gemm_q8_vnni where the CPU has VNNI (matmul.c) */,
                                       cpu_quantize_q8_avx2};

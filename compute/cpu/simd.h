@@ -3,8 +3,9 @@
  *
  * Each level lives in its own file compiled with its own target flags:
  * matmul_scalar.c (portable C), matmul_avx2.c and gemm_q8_avx2.c
- * (AVX2+FMA+F16C), matmul_avx512.c (AVX-512 F+BW+VL) and gemm_q8_vnni.c
- * (the avx512 level's Q8_0 GEMM where the CPU has AVX512-VNNI). Shapes follow matmul.h: W is rows of K
+ * (AVX2+FMA+F16C), matmul_avx512.c and gemm_q8_avx512.c (AVX-512 F+BW+VL),
+ * and gemm_q8_vnni.c (the avx512 level's Q8_0 GEMM where the CPU has
+ * AVX512-VNNI). Shapes follow matmul.h: W is rows of K
  * elements of `wtype`, `rb` bytes a row; x and y are row-major f32.
  *
  * The canonical summation order. Every level computes every output with the
@@ -27,7 +28,7 @@
  *    acc[b % 8] = fma((float)isum, d_w * d_x, acc[b % 8]) over 8 lanes,
  *    reduced as (a0+a4)+(a2+a6) + (a1+a5)+(a3+a7).
  *    The Q8_0 GEMM (T >= the matvec threshold) computes the same order, so
- *    a Q8_0 output does not depend on T: gemm_q8_avx2.c and gemm_q8_vnni.c
+ *    a Q8_0 output does not depend on T: gemm_q8_avx2.c and gemm_q8_avx512.c
  *    keep each row's isum in a lane of its own (rows x 4 columns per
  *    register) and the 8 accumulators apart, reduced by the same tree.
  *  - GEMM (T >= the matvec threshold, other types): weights converted
@@ -86,7 +87,7 @@ typedef struct {
     int gemm_tokens;
     /* Q8_0 weights, T >= the matvec threshold: the same outputs as
      * matvec_q8 (the same bits) from a register-tiled integer GEMM
-     * (gemm_q8_avx2.c, gemm_q8_vnni.c). panel: CPU_Q8_PANEL_BYTES(K) bytes,
+     * (gemm_q8_avx2.c, gemm_q8_avx512.c). panel: CPU_Q8_PANEL_BYTES(K) bytes,
      * 64-byte aligned, per thread. NULL: matmul.c runs matvec_q8. */
     void (*gemm_q8)(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd, int64_t T,
                     int64_t K, float *y, int64_t ldy, void *panel);
@@ -107,6 +108,8 @@ extern const cpu_kernels cpu_kernels_avx512;
 void cpu_gemm_q8_avx2(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd, int64_t T,
                       int64_t K, float *y, int64_t ldy, void *panel);
 void cpu_quantize_q8_avx2(const float *x, int64_t n, int8_t *q, float *d);
+void cpu_gemm_q8_avx512(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd, int64_t T,
+                        int64_t K, float *y, int64_t ldy, void *panel);
 /* AVX512-VNNI: xq holds the activations biased by 128 (xq ^ 0x80, as u8). */
 void cpu_gemm_q8_vnni(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *xq, const float *xd, int64_t T,
                       int64_t K, float *y, int64_t ldy, void *panel);

@@ -183,13 +183,16 @@ static void check_quantize_q8(void) {
 /* The Q8_0 integer GEMM gives the matvec's bits (simd.h's canonical Q8_0
  * order) for T = 1..17 tokens (the register tiles of 4 and 8 tokens and
  * their tails), K of 1..17 blocks (not multiples of the 8 accumulators) and
- * N around the 8- and 16-row panels, at every level; and the
+ * N around the 8- and 16-row panels, at every level (avx512: with and
+ * without AVX512-VNNI where the CPU has it); and the
  * dequantized-float path (cpu_matmul_set_q8_float) stays within the f32
  * bound of the unquantized product. */
 static void check_q8_gemm(st_pool *pool) {
     const int64_t kn[][2] = {{32, 1}, {96, 17}, {160, 9}, {288, 33}, {544, 23}, {256, 16}};
     st_err err = {{0}};
     const int max_t = cpu_matmul_matvec_max_t();
+    const int vnni = cpu_matmul_vnni(); /* at the best level */
+    fprintf(stderr, "q8_0 GEMM: AVX512-VNNI %s\n", vnni ? "used (and checked without)" : "not used");
     int bad = 0, n = 0;
     for (int s = 0; s < 6; s++) {
         const int64_t K = kn[s][0], N = kn[s][1];
@@ -198,8 +201,10 @@ static void check_q8_gemm(st_pool *pool) {
             float *x = malloc(sizeof(float) * (size_t)(T * K));
             for (int64_t i = 0; i < T * K; i++) x[i] = frand() * (i % 7 == 0 ? 40.0f : 1.0f);
             float *ym = malloc(sizeof(float) * (size_t)(T * N)), *yg = malloc(sizeof(float) * (size_t)(T * N));
-            for (int li = 0; li < n_levels; li++) {
-                REQUIRE(cpu_matmul_set_level(levels[li], &err) == 0);
+            for (int li = 0; li < n_levels + vnni; li++) {
+                /* The last pass: avx512 without VNNI (the one before used it). */
+                REQUIRE(cpu_matmul_set_level(levels[li < n_levels ? li : n_levels - 1], &err) == 0);
+                if (li == n_levels) REQUIRE(cpu_matmul_set_vnni(0, &err) == 0);
                 cpu_matmul_set_matvec_max_t(1000);
                 REQUIRE(cpu_matmul(pool, ym, x, w, GGML_TYPE_Q8_0, T, K, N, &err) == 0);
                 cpu_matmul_set_matvec_max_t(1);
@@ -208,11 +213,12 @@ static void check_q8_gemm(st_pool *pool) {
                 if (memcmp(ym, yg, sizeof(float) * (size_t)(T * N)) != 0) {
                     int64_t i = 0;
                     while (ym[i] == yg[i]) i++;
-                    fprintf(stderr, "q8_0 GEMM != matvec: level %s T=%lld K=%lld N=%lld y[%lld] = %.9g vs %.9g\n",
-                            levels[li], (long long)T, (long long)K, (long long)N, (long long)i, yg[i], ym[i]);
+                    fprintf(stderr, "q8_0 GEMM != matvec: level %s%s T=%lld K=%lld N=%lld y[%lld] = %.9g vs %.9g\n",
+                            levels[li < n_levels ? li : n_levels - 1], li == n_levels ? " (no VNNI)" : "", (long long)T, (long long)K, (long long)N, (long long)i, yg[i], ym[i]);
                     bad++;
                 }
                 n++;
+                if (li == n_levels) REQUIRE(cpu_matmul_set_vnni(1, &err) == 0);
             }
             free(x);
             free(ym);
@@ -224,7 +230,7 @@ static void check_q8_gemm(st_pool *pool) {
     REQUIRE(cpu_matmul_set_level(levels[n_levels - 1], &err) == 0);
     fprintf(stderr, "q8_0 integer GEMM vs matvec: %d cases, %d differ\n", n, bad);
     CHECK_EQ_INT(bad, 0);
-    CHECK_EQ_INT(n, 6 * 17 * n_levels);
+    CHECK_EQ_INT(n, 6 * 17 * (n_levels + vnni));
     /* The dequantized-float reference: unquantized activations, so within
      * 3e-6 sum |x w| of the f64 product, where the integer path is not. */
     const int64_t T = 3, K = 96, N = 5; /* T < the matvec threshold: the float path is the GEMM's anyway */
