@@ -361,6 +361,7 @@ def mode_unavailable(args):
                 (os.path.join(args.shared, "models", "stories260K.gguf"), port))
     env = dict(os.environ)
     env.setdefault("UCX_TLS", "tcp")
+    env.setdefault("UCX_NET_DEVICES", "lo")  # loopback only (other tests may add bridges)
     hp = ct.free_port()
     p = subprocess.Popen([args.coordinator, "--config", path, "--listen", "127.0.0.1:%d" % hp,
                           "--ready-timeout", "30"], stdout=subprocess.DEVNULL,

@@ -157,6 +157,7 @@ class Lone:
         self.log = os.path.join(self.tmp, "coordinator.log")
         self.env = dict(os.environ)
         self.env.setdefault("UCX_TLS", "tcp")
+        self.env.setdefault("UCX_NET_DEVICES", "lo")  # loopback only (other tests may add bridges)
         self.env.update(env or {})
         self.cmd = [args.coordinator, "--config", cfg, "--listen", "%s:%d" % (listen_host, self.port),
                     "--ready-timeout", "3600"] + list(extra)

@@ -201,6 +201,7 @@ int main(int argc, char **argv)
         return 2;
     }
     setenv("UCX_TLS", "tcp", 0);
+    setenv("UCX_NET_DEVICES", "lo", 0); /* loopback only: another test may be adding a bridge */
     char host[256];
     const char *colon = strrchr(argv[1], ':');
     if (!colon || (size_t)(colon - argv[1]) >= sizeof host) return 2;

@@ -539,6 +539,7 @@ int main(int argc, char **argv)
 {
     REQUIRE_MSG(argc == 2, "usage: test_worker STRATA_WORKER_BINARY");
     setenv("UCX_TLS", "tcp", 0);
+    setenv("UCX_NET_DEVICES", "lo", 0); /* loopback only: another test may be adding a bridge */
     signal(SIGPIPE, SIG_IGN);
     atexit(kill_all);
     alarm(170); /* a hard bound for the whole test */
