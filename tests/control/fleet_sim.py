@@ -193,14 +193,22 @@ def main():
         w = asyncio.ensure_future(watch())
         await f.run(seconds=a.seconds)
         w.cancel()
+
+    def dump_and_exit():
+        with open(a.out + ".tmp", "w") as fh:
+            json.dump({"hb": list(hb_t), "reg_lat": list(f.reg_lat), "reg_misses": f.reg_misses,
+                       "hb_misses": f.hb_misses, "reregisters": f.reregisters, "errors": f.errors,
+                       "first_error": f.first_error, "registered": f.registered}, fh)
+        os.rename(a.out + ".tmp", a.out)
+        sys.stdout.flush()
+        os._exit(0)  # leave the channels to the kernel: a big fleet's teardown is slow
+    # A starved process can hang closing thousands of grpc.aio channels: the
+    # figures are written 20 s after the run's end whatever the loop does.
+    import threading
+    threading.Timer(a.seconds + 20, dump_and_exit).start()
     asyncio.run(go())
     del lat
-    with open(a.out, "w") as fh:
-        json.dump({"hb": hb_t, "reg_lat": f.reg_lat, "reg_misses": f.reg_misses, "hb_misses": f.hb_misses,
-                   "reregisters": f.reregisters, "errors": f.errors, "first_error": f.first_error,
-                   "registered": f.registered}, fh)
-    sys.stdout.flush()
-    os._exit(0)  # leave the closed channels to the kernel: a big fleet's teardown is slow
+    dump_and_exit()
 
 
 if __name__ == "__main__":
