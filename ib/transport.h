@@ -131,7 +131,8 @@ void *xport_peer_user(const xport_peer *peer);
  * memory handle (rendezvous reads it directly, RDMA on IB). Payloads up to
  * 128 KiB go eagerly, larger ones by rendezvous (UCX's choice instead when
  * UCX_RNDV_THRESH is set; docs/protocol.md, "Zero copy"). Returns 0 (cb
- * will run, may be NULL) or -1 (invalid frame / peer down; cb will not run). */
+ * will run, may be NULL) or -1 (invalid frame / peer down / peer NULL, as a
+ * caller's handle is after on_disconnect; cb will not run). */
 int xport_send(xport_peer *peer, const frame_header *hdr, const void *payload,
                size_t payload_bytes, const xport_mem *mem, xport_send_cb cb, void *arg,
                st_err *err);

@@ -1039,6 +1039,7 @@ static void fail_deferred(xport_peer *p)
 static int send_common(xport_peer *p, const uint8_t *hb, size_t hl, const void *payload, size_t bytes,
                        const xport_mem *mem, xport_send_cb cb, void *arg, st_err *err)
 {
+    if (!p) return st_errf(err, "xport: no peer (NULL)");
     xport *x = p->x;
     if (p->state != PEER_OPEN || p->fail) return st_errf(err, "xport: peer %s is disconnected", p->name);
     if (bytes && !payload) return st_errf(err, "xport: payload of %zu bytes is NULL", bytes);
@@ -1268,6 +1269,7 @@ const char *xport_role_name(enum xport_role r)
 int xport_send(xport_peer *p, const frame_header *hdr, const void *payload, size_t payload_bytes,
                const xport_mem *mem, xport_send_cb cb, void *arg, st_err *err)
 {
+    if (!p) return st_errf(err, "xport: no peer (NULL)");
     if (st_hop_trace_on()) st_hop_mark("send", hdr->batch_id, st_now_ns());
     if (frame_validate(hdr, payload_bytes, err)) return st_err_prefix(err, "xport_send");
     size_t hl = 0;

@@ -644,7 +644,7 @@ int main(int argc, char **argv)
         send_step(&g.seqs[i]);
     }
     int all = N_GEN;
-    CHECK_MSG(pump(90, seqs_at, &all), "decode stalled (got %d, %d)", g.seqs[0].n_got, g.seqs[1].n_got);
+    REQUIRE_MSG(pump(90, seqs_at, &all), "decode stalled (got %d, %d)", g.seqs[0].n_got, g.seqs[1].n_got);
     double t_done = now_s();
     for (int i = 0; i < 2; i++) {
         struct seq *s = &g.seqs[i];

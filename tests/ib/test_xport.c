@@ -395,6 +395,10 @@ static void test_garbage(struct parent *s, int port, xport_peer *good)
     static float wrong[4 * 63];
     d0 = s->disconnects;
     CHECK_EQ_INT(xport_send(third, &f.h, wrong, sizeof wrong, NULL, NULL, NULL, &err), -1); /* sender refuses */
+    /* a caller's handle is NULL after on_disconnect: an error, never a crash */
+    CHECK_EQ_INT(xport_send(NULL, &f.h, NULL, 0, NULL, NULL, NULL, &err), -1);
+    CHECK(strstr(err.msg, "no peer") != NULL);
+    CHECK_EQ_INT(xport_send_raw(NULL, hb, hl, NULL, 0, NULL, NULL, &err), -1);
     CHECK_EQ_INT(xport_send_raw(third, hb, hl, wrong, sizeof wrong, NULL, NULL, &err), 0);
     CHECK(run_until(s, &s->disconnects, d0 + 1, 5.0));
     CHECK(s->last_disconnected == third);
