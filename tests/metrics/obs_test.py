@@ -546,8 +546,12 @@ def mode_requests(args):
             after = samples(metrics_text(cl))
             aborts = value(after, "strata_request_success_total", model_name=model,
                            finished_reason="abort")
-            # (stage counters come with the StageStats poll, every 100 ms)
-            if (aborts >= 1 and value(after, "strata_stage_hops_total", stage="0") > 0) or \
+            # (stage counters come with each worker's StageStats poll, every
+            # 100 ms, each on its own: stage 0's hops do not say that stage
+            # 1's answer arrived; wait for every stage figure checked below)
+            stages_in = all(value(after, "strata_stage_forward_seconds_count", stage=s_) > 0 and
+                            value(after, "strata_stage_load_seconds", stage=s_) > 0 for s_ in ("0", "1"))
+            if (aborts >= 1 and value(after, "strata_stage_hops_total", stage="0") > 0 and stages_in) or \
                     time.time() > deadline:
                 break
             time.sleep(0.1)
