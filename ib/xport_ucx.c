@@ -1343,6 +1343,31 @@ void xport_mem_unregister(xport *x, xport_mem *m)
 
 void xport_get_stats(const xport *x, xport_stats *out) { *out = x->stats; }
 
+/* Runs the send callbacks of the completed sends and frees them. */
+static void destroy_run_done(xport *x)
+{
+    while (x->done_head) {
+        struct send_ctx *c = x->done_head;
+        x->done_head = c->next;
+        c->peer->ops--;
+        if (c->cb) c->cb(c->peer, c->status, c->arg);
+        free(c->amhdr);
+        free(c->copy);
+        free(c);
+    }
+    x->done_tail = NULL;
+}
+
+/* Teardown order. UCX may call back from its own thread until the worker is
+ * destroyed: in UCX 1.13 a TCP connection the listener accepted but whose
+ * request data had not been read yet keeps a pointer to the listener, and
+ * delivers it (ucp_cm_server_conn_request_cb) even after
+ * ucp_listener_destroy freed it; only ucp_worker_destroy (closing the
+ * connection manager, with UCX's async thread blocked) removes those.
+ * So: refuse new requests first (destroying: on_conn_request rejects them
+ * with ucp_listener_reject), close the peers, then destroy the listener and
+ * the worker back to back, and free what a callback could still name (the
+ * peers, their pending receives, the loop event) only after the worker. */
 void xport_destroy(xport *x)
 {
     if (!x) return;
@@ -1360,39 +1385,50 @@ void xport_destroy(xport *x)
         for (;;) {
             while (ucp_worker_progress(x->worker)) {
             }
-            while (x->done_head) {
-                struct send_ctx *c = x->done_head;
-                x->done_head = c->next;
-                c->peer->ops--;
-                if (c->cb) c->cb(c->peer, c->status, c->arg);
-                free(c->amhdr);
-                free(c->copy);
-                free(c);
-            }
-            x->done_tail = NULL;
+            destroy_run_done(x);
             bool busy = false;
             for (xport_peer *p = x->peers; p; p = p->next)
                 if (p->state != PEER_CLOSED || p->ops > 0) busy = true;
             if (!busy || st_now_s() - t0 > 5.0) break;
         }
-        while (x->peers) {
-            xport_peer *p = x->peers;
-            x->peers = p->next;
-            if (p->state != PEER_CLOSED || p->ops > 0)
-                ST_WARN("xport: %s did not close cleanly", p->name);
+        for (xport_peer *p = x->peers; p; p = p->next) {
+            if (p->state != PEER_CLOSED || p->ops > 0) ST_WARN("xport: %s did not close cleanly", p->name);
+            /* A waiting receive may still be written by UCX: kept until the
+             * worker is gone. The others are released now (UCX-owned data
+             * needs the worker). */
+            struct rx *keep = NULL;
             while (p->rx_head) {
                 struct rx *r = p->rx_head;
                 p->rx_head = r->next;
-                if (r->state != RX_WAITING) rx_free(x, r); /* a waiting one may still be written by UCX */
+                if (r->state != RX_WAITING) {
+                    rx_free(x, r);
+                } else {
+                    r->next = keep;
+                    keep = r;
+                }
+            }
+            p->rx_head = keep;
+        }
+        if (x->listener) ucp_listener_destroy(x->listener);
+        ucp_worker_destroy(x->worker);
+        /* No UCX callback from here on. Sends the worker cancelled while
+         * closing report -1. */
+        destroy_run_done(x);
+        while (x->peers) {
+            xport_peer *p = x->peers;
+            x->peers = p->next;
+            while (p->rx_head) {
+                struct rx *r = p->rx_head;
+                p->rx_head = r->next;
+                if (r->dkind == RXD_UCX) r->dkind = RXD_NONE; /* went with the worker */
+                rx_free(x, r);
             }
             free(p);
         }
-        if (x->listener) ucp_listener_destroy(x->listener);
     }
     if (x->ev) event_free(x->ev);
     if (x->auth_ev) event_free(x->auth_ev);
     for (int i = 0; i < XPORT_POOL_MAX; i++) rbuf_unmap(x, &x->pool[i]);
-    if (x->worker) ucp_worker_destroy(x->worker);
     if (x->ctx) ucp_cleanup(x->ctx);
     free(x);
 }

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""stop_test.py — a strata-worker stopped (SIGTERM) while peers keep opening
+data-plane connections to it exits 0 with no sanitizer report.
+
+UCX delivers a connection request from its own thread; one that arrived
+while the worker's transport was being torn down once crashed the worker
+in ucp_cm_server_conn_request_cb (ib/xport_ucx.c, xport_destroy). Each
+round starts a worker, points tests/daemon/conn_hammer clients at it
+(connect, close, again), SIGTERMs the worker while they run and checks its
+exit status and log. Every process is stopped by its pid, also on failure.
+
+  stop_test.py --worker BIN --hammer BIN [--rounds N]
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import socket
+import struct
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from harness import FAILS, check, free_port, reap, wait_for  # noqa: E402
+
+SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:", "SEGV", "Caught signal")
+
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+class Trickle(threading.Thread):
+    """Raw TCP connections to the worker's UCX listener that send their
+    connection-request data (UCX tcp_sockcm: an 8-byte length, a status
+    byte, then the data) all but the last byte at once and the last bytes
+    one connection at a time every few ms, so that requests complete all
+    through the worker's teardown, not only while its listener is up."""
+
+    def __init__(self, port, n):
+        super().__init__(daemon=True)
+        self.socks = []
+        self.stop = threading.Event()
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(struct.pack("<QB", 16, 0) + bytes(range(15)))
+            self.socks.append(s)
+
+    def run(self):
+        for s in self.socks:
+            if self.stop.wait(0.004):
+                break
+            try:
+                s.sendall(b"\x0f")
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop.set()
+        self.join(5)
+        for s in self.socks:
+            s.close()
+
+
+def one_round(args, tmp, i):
+    port = free_port()
+    log = os.path.join(tmp, "worker%d.log" % i)
+    env = dict(os.environ)
+    env.setdefault("UCX_TLS", "tcp")
+    procs = []
+    try:
+        w = subprocess.Popen([args.worker, "--listen", "127.0.0.1:%d" % port, "--name", "w%d" % i,
+                              "--threads", "1"], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+        procs.append(("worker", w))
+        up = wait_for(lambda: "listening on" in read(log) or w.poll() is not None, 60)
+        if not check(up and w.poll() is None, "round %d: worker listening on %d" % (i, port)):
+            print(read(log))
+            return
+        outs = []
+        for h in range(args.hammers):
+            out = os.path.join(tmp, "hammer%d_%d.out" % (i, h))
+            outs.append(out)
+            procs.append(("hammer%d" % h, subprocess.Popen(
+                [args.hammer, "127.0.0.1:%d" % port, "--seconds", "6", "--max-open", "8"],
+                stdout=open(out, "w"), stderr=subprocess.STDOUT, env=env)))
+        trickle = Trickle(port, args.trickle)
+        # Let the connections flow, then stop the worker in the middle of them
+        # (a different moment each round).
+        time.sleep(1.0 + 0.25 * i)
+        w.send_signal(signal.SIGTERM)
+        trickle.start()
+        rcs = reap(procs, timeout=40)
+        trickle.close()
+        text = read(log)
+        marks = [m for m in SANITIZER_MARKS if m in text]
+        check(rcs["worker"] == 0, "round %d: worker exit status after SIGTERM is 0 (got %s)" % (i, rcs["worker"]))
+        check(not marks, "round %d: no sanitizer report or crash in the worker log %s" % (i, marks))
+        check("worker: stopped" in text, "round %d: worker logged its orderly stop" % i)
+        connected = 0
+        for h, out in enumerate(outs):
+            o = read(out).strip()
+            check(rcs["hammer%d" % h] == 0, "round %d: hammer %d exit 0 (%s)" % (i, h, o.replace("\n", " | ")))
+            for tok in o.split():
+                if tok.startswith("connected="):
+                    connected += int(tok.split("=")[1])
+        # The hammers really reached the worker before and while it stopped.
+        check(connected > 0, "round %d: %d connections were up before the stop" % (i, connected))
+        if marks or rcs["worker"] != 0:
+            print(text[-6000:])
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--hammer", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--hammers", type=int, default=2)
+    ap.add_argument("--trickle", type=int, default=400)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="strata-stop-")
+    for i in range(args.rounds):
+        one_round(args, tmp, i)
+    if FAILS:
+        print("FAILED: %d check(s)" % len(FAILS))
+        sys.exit(1)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
