@@ -13,6 +13,7 @@ exit status and log. Every process is stopped by its pid, also on failure.
 """
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -132,8 +133,9 @@ def main():
     for i in range(args.rounds):
         one_round(args, tmp, i)
     if FAILS:
-        print("FAILED: %d check(s)" % len(FAILS))
+        print("FAILED: %d check(s); logs in %s" % (len(FAILS), tmp))
         sys.exit(1)
+    shutil.rmtree(tmp, ignore_errors=True)
     print("PASS")
 
 
