@@ -24,7 +24,7 @@
 #include "compute/backend.h"
 #include "compute/comm.h"
 
-#define BACKEND_MODULE_ABI 2
+#define BACKEND_MODULE_ABI 3
 #define BACKEND_MODULE_SYMBOL "strata_backend_module_init"
 
 /* One device as registration reports it. */
@@ -57,6 +57,11 @@ typedef struct backend_module {
      * copy. NULL + err on failure. NULL entries (cpu): plain host memory. */
     void *(*host_alloc)(size_t bytes, st_err *err);
     void (*host_free)(void *p);
+    /* Device memory on `device` that the transport receives into and sends
+     * from (ib/act_transport.h "ucx-cuda": cudaMalloc, callable from any
+     * thread). NULL + err on failure. NULL entries (cpu): none. */
+    void *(*dev_alloc)(int device, size_t bytes, st_err *err);
+    void (*dev_free)(int device, void *p);
     /* NCCL point-to-point (below); NULL for "cpu". */
     const struct backend_p2p_ops *p2p;
 } backend_module;

@@ -55,10 +55,17 @@ void act_link_init(worker *w)
     w->ucx_cuda = xport_memory_cuda(w->x);
     const char *hook = getenv("STRATA_TEST_ACT_TRANSPORT");
     w->act_test_nccl = hook && !strcmp(hook, "nccl");
-    ST_INFO("worker: activations: --activation-transport %s; UCX CUDA memory %s (device buffers to UCX: not built, "
-            "GPU stages stage through pinned host buffers); NCCL between GPU stages when the CUDA module has it%s",
+    /* The test hook stands the (fake) module's host memory in for device
+     * memory, registered with UCX as host memory, so the ucx-cuda path runs
+     * on a UCX without CUDA (tests/cluster/act_transport_test.py ucx-cuda). */
+    w->act_test_host_dev = hook && !strcmp(hook, "ucx-cuda-host");
+    ST_INFO("worker: activations: --activation-transport %s; UCX CUDA memory %s (%s); NCCL between GPU stages when "
+            "the CUDA module has it%s%s",
             act_override_name((enum act_override)w->act_override), w->ucx_cuda ? "yes" : "no",
-            w->act_test_nccl ? "; test hook STRATA_TEST_ACT_TRANSPORT=nccl: this side claims a GPU with NCCL" : "");
+            w->ucx_cuda ? "GPU stages hand UCX their device buffers" : "GPU stages stage through pinned host buffers",
+            w->act_test_nccl ? "; test hook STRATA_TEST_ACT_TRANSPORT=nccl: this side claims a GPU with NCCL" : "",
+            w->act_test_host_dev ? "; test hook STRATA_TEST_ACT_TRANSPORT=ucx-cuda-host: host memory stands in for "
+                                   "device buffers" : "");
 }
 
 static bool stage_gpu(const wstage *st) { return !strcmp(st->cur.backend, "cuda"); }
@@ -84,12 +91,21 @@ static void stage_gpu_bus(const wstage *st, char *out, size_t cap)
         snprintf(out, cap, "%s", di.pci_bus_id);
 }
 
-/* What this worker's side of a boundary is and can do. UCX CUDA memory is
- * not claimed: the worker does not hand device buffers to UCX yet. */
+/* Whether this stage can hand UCX device buffers: its UCX takes CUDA memory
+ * (or the test hook stands host memory in) and its module allocates them. */
+static bool stage_ucx_cuda(const wstage *st)
+{
+    if (!stage_gpu(st) || !(st->front->ucx_cuda || st->front->act_test_host_dev)) return false;
+    st_err err;
+    const backend_module *m = backend_registry_get("cuda", &err);
+    return m && m->dev_alloc && m->dev_free;
+}
+
+/* What this worker's side of a boundary is and can do. */
 static act_side own_side(const wstage *st)
 {
     const worker *w = st->front;
-    act_side s = {.gpu = stage_gpu(st), .nccl = stage_p2p(st) != NULL, .ucx_cuda = false};
+    act_side s = {.gpu = stage_gpu(st), .nccl = stage_p2p(st) != NULL, .ucx_cuda = stage_ucx_cuda(st)};
     if (w->act_test_nccl) s.gpu = s.nccl = true;
     return s;
 }
@@ -369,8 +385,8 @@ void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__Activation
     ST_INFO("worker: boundary %u->%u: %s (%s)", k, k + 1, act_xport_name(c.xport), c.reason);
     if (c.override_refused) ST_WARN("worker: boundary %u->%u: %s", k, k + 1, c.reason);
     /* Set it up: NCCL joins the communicator on the compute thread (after
-     * the load, when one is running). Device buffers to UCX are not carried
-     * by this build: fall back to the host-staged transport and say why. */
+     * the load, when one is running); ucx-cuda receives into the stage's
+     * device buffers (datapath_sink_get), made at the first batch. */
     link_close(st, &st->p2p_in); /* a new offer: the old communicator goes */
     enum act_xport got = c.xport;
     char reason[sizeof c.reason + 200];
@@ -383,8 +399,9 @@ void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__Activation
         snprintf(cause, sizeof cause, "%s", !p2p ? "the CUDA module has no NCCL point-to-point" : "the sender is not on a GPU");
     else if (c.xport == ACT_XPORT_NCCL && !(st->p2p_in = link_open(st, p2p, o->nccl_id.data, 1, cause, sizeof cause)))
         ; /* cause set */
-    else if (c.xport == ACT_XPORT_UCX_CUDA)
-        snprintf(cause, sizeof cause, "this build hands UCX host-staged buffers only");
+    else if (c.xport == ACT_XPORT_UCX_CUDA && (!stage_ucx_cuda(st) || strcmp(be, "cuda")))
+        snprintf(cause, sizeof cause, "%s",
+                 !stage_ucx_cuda(st) ? "this stage cannot receive into device buffers" : "the sender is not on a GPU");
     if (cause[0]) {
         const bool here_gpu = stage_gpu(st), there_gpu = !strcmp(be, "cuda");
         got = here_gpu || there_gpu ? ACT_XPORT_UCX_PINNED : ACT_XPORT_UCX;
@@ -426,6 +443,11 @@ void act_link_on_answer(worker *w, xport_peer *peer, const Strata__V1__Activatio
         } else {
             ST_WARN("worker: boundary %u->%u: nccl cannot start here: %s; the activations stay on UCX", k, k + 1, why);
         }
+        return;
+    }
+    if (!act_xport_parse(a->transport, &x) && x == ACT_XPORT_UCX_CUDA && stage_ucx_cuda(st)) {
+        st->act_out = (int)x; /* the forwards write device buffers; UCX sends from them */
+        ST_INFO("worker: boundary %u->%u: %s (%s)", k, k + 1, act_xport_name(x), a->reason ? a->reason : "");
         return;
     }
     if (act_xport_parse(a->transport, &x) || x == ACT_XPORT_NCCL || x == ACT_XPORT_UCX_CUDA) {

@@ -103,6 +103,10 @@ static void run_forward(compute *c, cjob *j)
     if (c->delay_us > 0) usleep((useconds_t)c->delay_us);
     if (j->p2p_in || j->p2p_out)
         j->status = act_p2p_forward(c->st, c->st_gen, j);
+    else if (j->dev_in || j->dev_rows_out)
+        j->status = stage_forward_io(c->st, &j->batch, j->dev_in ? j->dev_in : (const void *)j->hidden_in,
+                                     j->dev_in != NULL, j->dev_rows_out ? j->dev_rows_out : (void *)j->hidden_out,
+                                     j->dev_rows_out != NULL, j->samples, &j->err);
     else
         j->status = stage_forward(c->st, &j->batch, j->hidden_in, j->hidden_out, j->samples, &j->err);
     j->stage_failed = j->status != 0 && stage_failed(c->st, NULL);

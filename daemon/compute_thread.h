@@ -71,6 +71,11 @@ typedef struct cjob {
     size_t dev_bytes;
     uint64_t dev_gen;           /* the stage dev_out belongs to (act_p2p.c); P2P_OPEN: the link's serial */
     stage_sample_out *samples;  /* last stage: batch.n_seqs entries */
+    /* A boundary on ucx-cuda: the input rows already in device memory
+     * (dev_in, f32; hidden_in unused) and / or the output rows into device
+     * memory (dev_rows_out, f32; hidden_out unused): stage_forward_io. */
+    const void *dev_in;
+    void *dev_rows_out;
     /* FORWARD output */
     double seconds;             /* wall time of stage_forward */
     uint64_t start_ns, end_ns;  /* CLOCK_MONOTONIC ns around stage_forward */

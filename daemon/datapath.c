@@ -19,6 +19,7 @@
 #include "daemon/act_p2p.h"
 #include "daemon/assignment.h"
 #include "daemon/worker_metrics.h"
+#include "ib/act_transport.h"
 #include "model/sampler.h"
 
 #define POOL_MIN_BYTES (64u << 10)
@@ -37,6 +38,7 @@ struct job {
     float *scratch;      /* f32 output before bf16 conversion: likewise (scratch_buf) */
     stbuf in_buf, scratch_buf; /* GPU stage: the pinned homes of in and scratch */
     stbuf out;           /* registered output buffer (non-last stage) */
+    struct dbuf *din, *dout; /* ucx-cuda: the device buffers the rows came in / go out in */
     cjob send_cj;        /* the boundary on NCCL: the send of cj.dev_out (act_p2p.h) */
     double t_sent;       /* monotonic seconds at xport_send to the next hop */
     size_t out_bytes;
@@ -124,9 +126,119 @@ static void pool_put(wstage *w, stbuf b)
     w->pool[w->n_pool++] = b;
 }
 
+/* ---------------------------------------------------------------- device buffers (ucx-cuda) */
+
+/* The module whose device memory the ucx-cuda boundary uses (NULL: none). */
+static const backend_module *dev_module(const wstage *w)
+{
+    if (strcmp(w->cur.backend, "cuda")) return NULL;
+    st_err err;
+    const backend_module *m = backend_registry_get("cuda", &err);
+    return m && m->dev_alloc && m->dev_free ? m : NULL;
+}
+
+static int dev_device(const wstage *w) { return w->cur.n_devices ? w->cur.devices[0] : 0; }
+
+static void dbuf_release(wstage *w, struct dbuf *d)
+{
+    const backend_module *m = dev_module(w);
+    xport_mem_unregister(w->x, d->m);
+    if (m) m->dev_free(dev_device(w), d->p);
+    *d = (struct dbuf){0};
+}
+
+/* A free device buffer of at least bytes, made (64 KiB, doubled to fit) and
+ * registered once when none fits; NULL + err when the module has none or
+ * DBUF_MAX are busy. */
+static struct dbuf *dbuf_get(wstage *w, size_t bytes, int state, st_err *err)
+{
+    const backend_module *m = dev_module(w);
+    if (!m) return st_errf(err, "worker: the stage's backend has no device buffers"), NULL;
+    struct dbuf *best = NULL, *empty = NULL;
+    for (int i = 0; i < DBUF_MAX; i++) {
+        struct dbuf *d = &w->dbufs[i];
+        if (!d->p && !empty) empty = d;
+        if (d->p && d->state == DBUF_FREE && d->cap >= bytes && (!best || d->cap < best->cap)) best = d;
+    }
+    if (!best) {
+        if (!empty) { /* room: drop the smallest free one */
+            for (int i = 0; i < DBUF_MAX; i++)
+                if (w->dbufs[i].state == DBUF_FREE && (!empty || w->dbufs[i].cap < empty->cap)) empty = &w->dbufs[i];
+            if (!empty) return st_errf(err, "worker: %d device buffers busy", DBUF_MAX), NULL;
+            dbuf_release(w, empty);
+            w->n_dbufs--;
+        }
+        size_t cap = POOL_MIN_BYTES;
+        while (cap < bytes) cap *= 2;
+        void *p = m->dev_alloc(dev_device(w), cap, err);
+        if (!p) return NULL;
+        xport_mem *xm = xport_mem_register_device(w->x, p, cap, !w->front->act_test_host_dev, err);
+        if (!xm) {
+            m->dev_free(dev_device(w), p);
+            return NULL;
+        }
+        *empty = (struct dbuf){.p = p, .m = xm, .cap = cap};
+        w->n_dbufs++;
+        best = empty;
+    }
+    best->state = state;
+    return best;
+}
+
+static void dbuf_put(wstage *w, struct dbuf *d)
+{
+    if (!d || !d->p) return;
+    d->state = DBUF_FREE;
+    if (w->shutting_down) {
+        dbuf_release(w, d);
+        w->n_dbufs--;
+    }
+}
+
+/* The stage's device buffer that starts at p (NULL: none). */
+static struct dbuf *dbuf_at(wstage *w, const void *p)
+{
+    for (int i = 0; p && i < DBUF_MAX; i++)
+        if (w->dbufs[i].p == p) return &w->dbufs[i];
+    return NULL;
+}
+
+xport_mem *datapath_sink_get(xport_peer *peer, const frame_header *h, size_t bytes, void *arg)
+{
+    (void)peer;
+    worker *wk = arg;
+    if (h->kind != STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS || h->dtype != STRATA__V1__DTYPE__DTYPE_F32 ||
+        h->payload_p2p)
+        return NULL;
+    wstage *w = stage_by_epoch(wk, h->epoch);
+    if (!w || w->state != W_READY || w->shutting_down || w->act_in != ACT_XPORT_UCX_CUDA || h->stage != w->cur.stage)
+        return NULL;
+    st_err err;
+    struct dbuf *d = dbuf_get(w, bytes, DBUF_RECV, &err);
+    if (!d) ST_DEBUG("worker: batch %llu: no device buffer (%s); received into host memory",
+                     (unsigned long long)h->batch_id, err.msg);
+    return d ? d->m : NULL;
+}
+
+void datapath_sink_put(xport_mem *m, bool delivered, void *arg)
+{
+    (void)delivered; /* a delivered buffer a forward took is DBUF_JOB by now; any other goes back */
+    worker *wk = arg;
+    wstage *lists[2] = {wk->stages, wk->released};
+    for (int l = 0; l < 2; l++)
+        for (wstage *w = lists[l]; w; w = w->link)
+            for (int i = 0; i < DBUF_MAX; i++)
+                if (w->dbufs[i].m == m) {
+                    if (w->dbufs[i].state == DBUF_RECV) dbuf_put(w, &w->dbufs[i]);
+                    return;
+                }
+}
+
 static void job_free(wstage *w, struct job *j)
 {
     if (!j) return;
+    dbuf_put(w, j->din);
+    dbuf_put(w, j->dout);
     frame_header_free(j->hdr);
     free(j->seqs);
     if (j->in_buf.m) pool_put(w, j->in_buf);
@@ -310,7 +422,8 @@ static int check_activations(const wstage *w, const frame_header *h, size_t byte
         if (!bytes) return st_errf(err, "stage %u needs a hidden-state payload", w->cur.stage);
         if (h->shape[1] != (uint32_t)in->n_embd)
             return st_errf(err, "payload rows of %u, the model's n_embd is %d", h->shape[1], in->n_embd);
-        if ((int)h->dtype != w->cur.act_dtype)
+        if ((int)h->dtype != w->cur.act_dtype &&
+            !(w->act_in == ACT_XPORT_UCX_CUDA && h->dtype == STRATA__V1__DTYPE__DTYPE_F32)) /* device rows are f32 */
             return st_errf(err, "payload dtype %s, configured %s", worker_dtype_name(h->dtype),
                            worker_dtype_name(w->cur.act_dtype));
     }
@@ -390,7 +503,12 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
      * f32 rows in place from the transport's buffer (no copy); one handed to
      * the compute thread gets its own copy below. */
     const bool here = run_here(w, T);
-    if (h->payload_p2p) {
+    struct dbuf *din = in->is_first || h->payload_p2p ? NULL : dbuf_at(w, payload);
+    if (din && din->state == DBUF_RECV && h->dtype == STRATA__V1__DTYPE__DTYPE_F32) {
+        din->state = DBUF_JOB; /* ucx-cuda: the rows landed in device memory; the forward reads them there */
+        j->din = din;
+        j->cj.dev_in = payload;
+    } else if (h->payload_p2p) {
         j->cj.p2p_in = w->p2p_in; /* the compute thread receives the rows into device memory */
     } else if (!in->is_first) {
         if (here && !pinned && h->dtype == STRATA__V1__DTYPE__DTYPE_F32 &&
@@ -401,6 +519,11 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
     }
     if (!in->is_last && w->p2p_out && w->p2p_out->ready && !w->p2p_out->broken) {
         j->cj.p2p_out = w->p2p_out; /* the rows stay on the device and go over NCCL (forward_p2p) */
+    } else if (!in->is_last && w->act_out == ACT_XPORT_UCX_CUDA &&
+               (j->dout = dbuf_get(w, n_el * sizeof(float), DBUF_JOB, &err))) {
+        /* ucx-cuda: the forward writes f32 rows into a registered device buffer; UCX sends from it */
+        j->out_bytes = n_el * sizeof(float);
+        j->cj.dev_rows_out = j->dout->p;
     } else if (!in->is_last) {
         j->out_bytes = n_el * frame_dtype_size(w->cur.act_dtype);
         if (!(j->out = pool_get(w, j->out_bytes, &err)).m) goto fail;
@@ -442,7 +565,7 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
         datapath_forward_finished(w, &j->cj);
         return;
     }
-    if (!in->is_first && !h->payload_p2p && !j->in && input_copy(w, j, h, payload, n_el, pinned, &err)) goto fail;
+    if (!in->is_first && !h->payload_p2p && !j->din && !j->in && input_copy(w, j, h, payload, n_el, pinned, &err)) goto fail;
     compute_submit(w->cq, &j->cj);
     return;
 oom:
@@ -669,7 +792,7 @@ static void forward_done(wstage *w, struct job *j)
     h.stage = w->cur.stage + 1;
     h.token_ids = NULL;
     h.n_token_ids = 0;
-    h.dtype = w->cur.act_dtype;
+    h.dtype = j->dout ? STRATA__V1__DTYPE__DTYPE_F32 : w->cur.act_dtype;
     h.shape = shape;
     h.n_shape = 2;
     h.n_results = 0;
@@ -678,7 +801,8 @@ static void forward_done(wstage *w, struct job *j)
     h.control.data = NULL;
     st_err err;
     j->t_sent = st_now_s();
-    if (xport_send(w->next, &h, xport_mem_ptr(j->out.m), j->out_bytes, j->out.m, fwd_sent, j, &err)) {
+    xport_mem *om = j->dout ? j->dout->m : j->out.m;
+    if (xport_send(w->next, &h, xport_mem_ptr(om), j->out_bytes, om, fwd_sent, j, &err)) {
         batch_error(w, j, err.msg);
         job_free(w, j);
         return;
@@ -703,4 +827,9 @@ void datapath_pool_drain(wstage *w)
 {
     for (int i = 0; i < w->n_pool; i++) buf_free(w, w->pool[i]);
     w->n_pool = 0;
+    for (int i = 0; i < DBUF_MAX; i++) /* busy ones go when their forward or receive ends (dbuf_put) */
+        if (w->dbufs[i].p && w->dbufs[i].state == DBUF_FREE) {
+            dbuf_release(w, &w->dbufs[i]);
+            w->n_dbufs--;
+        }
 }

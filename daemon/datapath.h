@@ -30,6 +30,11 @@ void datapath_p2p_sent(wstage *st, cjob *cj);
 void datapath_job_discard(wstage *st, cjob *cj);
 /* Unregisters st's free output buffers. */
 void datapath_pool_drain(wstage *st);
+/* The transport's rx sink (xport_set_rx_sink, arg = the worker): an
+ * ACTIVATIONS payload for a stage whose incoming boundary is ucx-cuda lands
+ * in one of its device buffers; put gives one back that no forward took. */
+xport_mem *datapath_sink_get(xport_peer *peer, const frame_header *h, size_t bytes, void *arg);
+void datapath_sink_put(xport_mem *m, bool delivered, void *arg);
 
 /* Fills out[] (2 * FWD_REPLY_MAX entries) with st's kept forward intervals
  * ([start, end) CLOCK_MONOTONIC ns) ending after since_ns, oldest first, at

@@ -149,6 +149,7 @@ worker *worker_create(struct event_base *base, const worker_opts *o, st_err *err
     xport_callbacks cb = {.on_connect = on_connect, .on_disconnect = on_disconnect, .on_frame = on_frame, .ud = w};
     w->x = xport_create(base, o->listen_host, o->listen_port, &cb, err);
     if (!w->x) goto fail;
+    xport_set_rx_sink(w->x, &(xport_rx_sink){.get = datapath_sink_get, .put = datapath_sink_put, .arg = w});
     w->key = o->key;
     if (o->model_dir && (w->model_dirfd = open(o->model_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
         st_errf(err, "worker: model directory %s: %s", o->model_dir, strerror(errno));

@@ -20,6 +20,7 @@
 #include "ib/transport.h"
 #include "proto/stage.pb-c.h"
 
+#define DBUF_MAX 16              /* ucx-cuda device buffers per stage */
 #define POOL_MAX 8               /* free registered output buffers kept per stage */
 #define FWD_RING 4096            /* forward intervals kept per stage (StageStats.forward_ns) */
 #define BACKOFF_MIN_S 0.1        /* next-hop reconnect delay, doubling up to BACKOFF_MAX_S */
@@ -100,6 +101,16 @@ struct wstage {
     /* datapath.c */
     stbuf pool[POOL_MAX];   /* free buffers, of either kind */
     int n_pool;
+    /* The ucx-cuda boundaries' device buffers (module dev_alloc, registered
+     * with UCX as device memory), made once per size and reused: FREE, lent
+     * to the transport for a receive (RECV), or a forward's (JOB). */
+    struct dbuf {
+        void *p;
+        xport_mem *m;
+        size_t cap;
+        enum { DBUF_FREE, DBUF_RECV, DBUF_JOB } state;
+    } dbufs[DBUF_MAX];
+    int n_dbufs;
     int sends_inflight;     /* ACTIVATIONS to the next hop not yet completed */
     /* The last FWD_RING successful forwards' [start, end) CLOCK_MONOTONIC ns,
      * in completion order (disjoint: one compute thread); fwd_n recorded in
@@ -136,6 +147,8 @@ struct worker {
     char machine_id[64];    /* /etc/machine-id (the host name without one) */
     bool ucx_cuda;          /* xport_memory_cuda */
     bool act_test_nccl;     /* STRATA_TEST_ACT_TRANSPORT=nccl */
+    bool act_test_host_dev; /* STRATA_TEST_ACT_TRANSPORT=ucx-cuda-host: the module's "device" memory is host
+                             * memory, registered as such, and this side claims UCX CUDA memory */
     struct act_pending act_pending[ACT_PENDING_MAX];
     int n_act_pending;
     /* worker_load_get window: sequences seen and their block-table lengths */

@@ -149,6 +149,27 @@ xport_mem *xport_mem_register(xport *x, void *ptr, size_t len, st_err *err);
 xport_mem *xport_mem_alloc(xport *x, size_t len, st_err *err);
 void *xport_mem_ptr(const xport_mem *m);
 size_t xport_mem_len(const xport_mem *m);
+/* Device memory (ib/act_transport.h "ucx-cuda"): [ptr, ptr+len) registered
+ * as UCS_MEMORY_TYPE_CUDA (cuda false: as host memory; the test hook that
+ * stands host memory in for a device, tests/backend/fake_gpu_module.c). A
+ * send from it goes by rendezvous only, so the receiver always chooses where
+ * it lands (xport_set_rx_sink); its FrameHeader must fit the AM header. The
+ * caller keeps owning the memory. NULL + err on failure. */
+xport_mem *xport_mem_register_device(xport *x, void *ptr, size_t len, bool cuda, st_err *err);
+
+/* Where a rendezvous payload lands, asked on the loop thread once its
+ * FrameHeader is decoded and validated: a registered region of at least
+ * `bytes` (the payload is received at its start, with the region's memory
+ * type), or NULL for the transport's own host buffers. A region handed out
+ * is lent to the transport until `put` gives it back (the receive failed or
+ * the peer went: delivered false) or on_frame is called with payload at its
+ * start (delivered true, put called after on_frame returns). */
+typedef struct xport_rx_sink {
+    xport_mem *(*get)(xport_peer *peer, const frame_header *hdr, size_t bytes, void *arg);
+    void (*put)(xport_mem *m, bool delivered, void *arg);
+    void *arg;
+} xport_rx_sink;
+void xport_set_rx_sink(xport *x, const xport_rx_sink *sink);
 void xport_mem_unregister(xport *x, xport_mem *m);
 
 /* Counters since create. */

@@ -72,6 +72,8 @@ struct xport_mem {
     void *ptr;
     size_t len;
     bool owned;
+    bool device;               /* xport_mem_register_device */
+    ucs_memory_type_t mtype;
 };
 
 struct rbuf { /* registered receive buffer of the pool */
@@ -82,7 +84,7 @@ struct rbuf { /* registered receive buffer of the pool */
 };
 
 enum rx_state { RX_WAITING, RX_READY, RX_FAILED };
-enum rx_data { RXD_NONE, RXD_MALLOC, RXD_UCX, RXD_POOL };
+enum rx_data { RXD_NONE, RXD_MALLOC, RXD_UCX, RXD_POOL, RXD_SINK };
 
 struct rx { /* a received frame waiting for in-order delivery */
     struct rx *next;
@@ -95,6 +97,8 @@ struct rx { /* a received frame waiting for in-order delivery */
     void *data;
     size_t len;
     struct rbuf *rb;
+    xport_mem *sink; /* RXD_SINK: the region the sink lent */
+    bool delivered;
 };
 
 struct xport_peer {
@@ -156,6 +160,7 @@ struct xport {
     int n_peers;
     struct send_ctx *done_head, *done_tail;
     struct rbuf pool[XPORT_POOL_MAX];
+    xport_rx_sink sink; /* xport_set_rx_sink (get NULL: none) */
     xport_stats stats;
     bool destroying;
     /* authentication (xport_require_auth) */
@@ -301,6 +306,7 @@ static void rx_free(xport *x, struct rx *r)
     case RXD_MALLOC: free(r->data); break;
     case RXD_UCX: ucp_am_data_release(x->worker, r->data); break;
     case RXD_POOL: r->rb->in_use = false; break;
+    case RXD_SINK: x->sink.put(r->sink, r->delivered, x->sink.arg); break;
     case RXD_NONE: break;
     }
     free(r);
@@ -485,11 +491,23 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (length == 0) {
         r->dkind = RXD_NONE;
     } else if (rndv) {
-        struct rbuf *b = rbuf_get(x, length);
+        xport_mem *sm = fh && x->sink.get ? x->sink.get(p, fh, length, x->sink.arg) : NULL;
+        if (sm && sm->len < length) {
+            x->sink.put(sm, false, x->sink.arg);
+            sm = NULL;
+        }
+        struct rbuf *b = sm ? NULL : rbuf_get(x, length);
         ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                   .cb.recv_am = on_recv_cb,
                                   .user_data = r};
-        if (b) {
+        if (sm) { /* straight into the sink's region (device memory: no host staging) */
+            r->dkind = RXD_SINK;
+            r->sink = sm;
+            r->data = sm->ptr;
+            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+            rp.memh = sm->memh;
+            rp.memory_type = sm->mtype;
+        } else if (b) {
             r->dkind = RXD_POOL;
             r->rb = b;
             r->data = b->ptr;
@@ -671,6 +689,7 @@ static bool drain(xport *x)
             x->stats.frames_recv++;
             x->stats.bytes_recv += bytes;
             if (st_hop_trace_on()) st_hop_mark("deliver", r->hdr->batch_id, st_now_ns());
+            r->delivered = x->cb.on_frame != NULL;
             if (x->cb.on_frame) x->cb.on_frame(p, r->hdr, bytes ? payload : NULL, bytes, x->cb.ud);
             rx_free(x, r);
         }
@@ -1000,6 +1019,10 @@ static int issue_send(xport_peer *p, struct send_ctx *c, st_err *err)
     if (c->mem && c->dlen) {
         rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         rp.memh = c->mem->memh;
+        if (c->mem->device) {
+            rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+            rp.memory_type = c->mem->mtype;
+        }
     }
     ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, c->am_id, c->amhdr_len ? c->amhdr : NULL, c->amhdr_len,
                                           c->dlen ? c->data : NULL, c->dlen, &rp);
@@ -1054,6 +1077,11 @@ static int send_common(xport_peer *p, const uint8_t *hb, size_t hl, const void *
     c->arg = arg;
     c->bytes = bytes;
     bool inline_hdr = XPORT_PREFIX + hl <= x->max_am_header;
+    const bool device = mem && bytes && mem->device;
+    if (device && !inline_hdr) { /* the header cannot be copied in front of device memory */
+        free(c);
+        return st_errf(err, "xport: a header of %zu bytes with a device payload does not fit the AM header", hl);
+    }
     c->amhdr = malloc(XPORT_PREFIX + (inline_hdr ? hl : 0));
     if (!c->amhdr) goto oom;
     put_le32(c->amhdr, XPORT_MAGIC);
@@ -1080,7 +1108,8 @@ static int send_common(xport_peer *p, const uint8_t *hb, size_t hl, const void *
     c->data = data;
     c->dlen = dlen;
     c->flags = UCP_AM_SEND_FLAG_REPLY;
-    if (dlen && dlen <= x->eager_max) c->flags |= UCP_AM_SEND_FLAG_EAGER;
+    if (device) c->flags |= UCP_AM_SEND_FLAG_RNDV; /* the receiver picks the (device) destination */
+    else if (dlen && dlen <= x->eager_max) c->flags |= UCP_AM_SEND_FLAG_EAGER;
     c->mem = mem;
     if (authenticating(p)) { /* goes out once the peer proved the key (flush_deferred) */
         c->next = NULL;
@@ -1287,7 +1316,8 @@ int xport_send_raw(xport_peer *p, const void *hdr_bytes, size_t hdr_len, const v
     return send_common(p, hdr_bytes, hdr_len, payload, payload_bytes, NULL, cb, arg, err);
 }
 
-static xport_mem *mem_map(xport *x, void *ptr, size_t len, bool owned, st_err *err)
+static xport_mem *mem_map_type(xport *x, void *ptr, size_t len, bool owned, bool device, ucs_memory_type_t mtype,
+                               st_err *err)
 {
     xport_mem *m = calloc(1, sizeof *m);
     if (!m) {
@@ -1297,6 +1327,10 @@ static xport_mem *mem_map(xport *x, void *ptr, size_t len, bool owned, st_err *e
     ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
                                .address = ptr,
                                .length = len};
+    if (device) {
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.memory_type = mtype;
+    }
     ucs_status_t st = ucp_mem_map(x->ctx, &mp, &m->memh);
     if (st != UCS_OK) {
         free(m);
@@ -1306,7 +1340,29 @@ static xport_mem *mem_map(xport *x, void *ptr, size_t len, bool owned, st_err *e
     m->ptr = ptr;
     m->len = len;
     m->owned = owned;
+    m->device = device;
+    m->mtype = device ? mtype : UCS_MEMORY_TYPE_HOST;
     return m;
+}
+
+static xport_mem *mem_map(xport *x, void *ptr, size_t len, bool owned, st_err *err)
+{
+    return mem_map_type(x, ptr, len, owned, false, UCS_MEMORY_TYPE_HOST, err);
+}
+
+xport_mem *xport_mem_register_device(xport *x, void *ptr, size_t len, bool cuda, st_err *err)
+{
+    if (!ptr || !len) {
+        st_errf(err, "xport: cannot register an empty region");
+        return NULL;
+    }
+    return mem_map_type(x, ptr, len, false, true, cuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST, err);
+}
+
+void xport_set_rx_sink(xport *x, const xport_rx_sink *sink)
+{
+    if (sink && sink->get && sink->put) x->sink = *sink;
+    else memset(&x->sink, 0, sizeof x->sink);
 }
 
 xport_mem *xport_mem_register(xport *x, void *ptr, size_t len, st_err *err)

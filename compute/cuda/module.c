@@ -55,6 +55,23 @@ static void cuda_host_free(void *p) {
     if (p) cudaFreeHost(p);
 }
 
+static void *cuda_dev_alloc(int device, size_t bytes, st_err *err) {
+    void *p = NULL;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        st_errf(err, "cuda: device buffer of %zu bytes on GPU %d: %s", bytes, device, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+static void cuda_dev_free(int device, void *p) {
+    if (!p) return;
+    cudaSetDevice(device);
+    cudaFree(p);
+}
+
 static const backend_module k_cuda = {
     .abi = BACKEND_MODULE_ABI,
     .name = "cuda",
@@ -67,6 +84,8 @@ static const backend_module k_cuda = {
     .group_free = cuda_group_free,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .dev_alloc = cuda_dev_alloc,
+    .dev_free = cuda_dev_free,
     .p2p = &p2p_nccl_ops,
 };
 

@@ -6,6 +6,10 @@
  * memory, counted and logged to stderr one line a call:
  *   fake-gpu: host_alloc BYTES live N
  *   fake-gpu: host_free live N
+ * and a "device" allocator (dev_alloc, for the ucx-cuda transport under
+ * STRATA_TEST_ACT_TRANSPORT=ucx-cuda-host) logged the same way:
+ *   fake-gpu: dev_alloc BYTES live N
+ *   fake-gpu: dev_free live N
  * so a test sees which buffers the worker took from it and that it gave
  * every one back. Its GPU's PCI bus id is $STRATA_FAKE_GPU_BUS, else
  * "fake:PID" (one GPU per process). With STRATA_FAKE_GPU_P2P=1 it has a
@@ -70,6 +74,29 @@ static void *fake_host_alloc(size_t bytes, st_err *err)
     }
     fprintf(stderr, "fake-gpu: host_alloc %zu live %d\n", bytes, atomic_fetch_add(&live, 1) + 1);
     return p;
+}
+
+/* "Device" memory: host memory, counted apart from the pinned buffers. */
+static atomic_int dev_live;
+
+static void *fake_dev_alloc(int device, size_t bytes, st_err *err)
+{
+    void *p = NULL;
+    if (device != 0) return st_errf(err, "fake gpu: no device %d", device), NULL;
+    if (posix_memalign(&p, 4096, bytes ? bytes : 1)) {
+        st_errf(err, "fake gpu: device buffer of %zu bytes: out of memory", bytes);
+        return NULL;
+    }
+    fprintf(stderr, "fake-gpu: dev_alloc %zu live %d\n", bytes, atomic_fetch_add(&dev_live, 1) + 1);
+    return p;
+}
+
+static void fake_dev_free(int device, void *p)
+{
+    (void)device;
+    if (!p) return;
+    free(p);
+    fprintf(stderr, "fake-gpu: dev_free live %d\n", atomic_fetch_sub(&dev_live, 1) - 1);
 }
 
 static void fake_host_free(void *p)
@@ -217,6 +244,8 @@ static backend_module k_fake = {
     .group_free = fake_group_free,
     .host_alloc = fake_host_alloc,
     .host_free = fake_host_free,
+    .dev_alloc = fake_dev_alloc,
+    .dev_free = fake_dev_free,
 };
 
 __attribute__((visibility("default"))) const backend_module *strata_backend_module_init(int abi)

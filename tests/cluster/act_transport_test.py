@@ -23,6 +23,13 @@ MODE
             from the module's pinned allocator (stage 0 its output rows,
             stage 1 its input rows), serve the reference tokens, and after
             SIGTERM have given every pinned buffer back (live 0)
+  ucx-cuda  the same two fake GPU stages with the test hook
+            STRATA_TEST_ACT_TRANSPORT=ucx-cuda-host (the module's "device"
+            memory is host memory, registered with UCX as such): both log
+            "boundary 0->1: ucx-cuda (...)", take no pinned hand-off buffer,
+            stage 0 sends from and stage 1 receives into module device
+            buffers made once (none in a second round), the reference tokens
+            come back, and SIGTERM frees every device buffer (live 0)
   p2p       PP 3 with the fake module's point-to-point (STRATA_FAKE_GPU_P2P=1,
             a Unix socket standing in for NCCL): each receiver chooses nccl
             (GPU stages on one node, distinct GPUs, no UCX CUDA memory), the
@@ -137,6 +144,51 @@ def mode_pinned(args):
                   % (i, lives[-1] if lives else "?"))
     finally:
         os.environ.pop("STRATA_BACKEND_PATH", None)
+        if FAILS:
+            cl.dump_logs()
+        cl.kill()
+
+
+def mode_ucx_cuda(args):
+    """Two (fake) GPU stages on ucx-cuda: the test hook stands the module's
+    host memory in for device memory (Debian's UCX has no CUDA)."""
+    refs = load_ref(args, "stories260K-greedy.json")[:2]
+    want = [r["completion_tokens"][:32] for r in refs]
+    env = {"STRATA_BACKEND_PATH": args.fake_gpu, "STRATA_TEST_ACT_TRANSPORT": "ucx-cuda-host"}
+    os.environ.update(env)
+    cl = Cluster(args, [{"tp": 1, "cfg": ["backend = cuda"]}, {"tp": 1, "cfg": ["backend = cuda"]}])
+    try:
+        check(cl.start(), "a PP 2 cluster of two (fake) GPU stages starts")
+        check(ref_tokens(cl, refs) == want, "it serves the reference tokens over ucx-cuda")
+        wait_for(lambda: re.search(r"boundary 0->1: ucx-cuda \(", logs(cl, 0)), 20)
+        line = "boundary 0->1: ucx-cuda (GPU stages on one node; UCX takes CUDA memory on both sides (cuda_ipc))"
+        w = [logs(cl, i) for i in (0, 1)]
+        for i in (0, 1):
+            check(line in w[i], "worker %d logs: %s" % (i, line))
+            # (the last stage's pinned logits buffer comes at load, before the boundary)
+            check("fake-gpu: host_alloc" not in w[i].split(line, 1)[-1],
+                  "worker %d took no pinned hand-off buffer (no host staging)" % i)
+            check("falling back" not in w[i], "worker %d did not fall back" % i)
+        allocs = [re.findall(r"fake-gpu: dev_alloc (\d+) live", x) for x in w]
+        check(len(allocs[0]) >= 1, "stage 0 writes its output rows into module device buffers (%d)" % len(allocs[0]))
+        check(len(allocs[1]) >= 1, "stage 1 receives into module device buffers (%d)" % len(allocs[1]))
+        # 2 requests x 32 tokens: over 60 forwards; buffers are made once per size and reused
+        check(all(len(a) <= 4 for a in allocs), "a handful of device buffers, not one a forward (%s)"
+              % [len(a) for a in allocs])
+        check(all(int(b) >= 64 << 10 for a in allocs for b in a), "each of at least 64 KiB")
+        check(ref_tokens(cl, refs) == want, "the same reference tokens again")
+        again = [re.findall(r"fake-gpu: dev_alloc (\d+) live", logs(cl, i)) for i in (0, 1)]
+        check(again == allocs, "the second round allocated no device buffer (%s -> %s)"
+              % ([len(a) for a in allocs], [len(a) for a in again]))
+        rcs = cl.stop()
+        for i in (0, 1):
+            check(rcs.get("worker%d" % i) == 0, "worker %d exits 0 on SIGTERM (%s)" % (i, rcs.get("worker%d" % i)))
+            lives = re.findall(r"fake-gpu: dev_(?:alloc \d+|free) live (\d+)", logs(cl, i))
+            check(lives and lives[-1] == "0", "worker %d freed every device buffer (live %s at the end)"
+                  % (i, lives[-1] if lives else "?"))
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
         if FAILS:
             cl.dump_logs()
         cl.kill()
@@ -286,7 +338,7 @@ def mode_offers(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["auto", "nccl", "pinned", "p2p", "p2p-fail", "offers"])
+    ap.add_argument("mode", choices=["auto", "nccl", "pinned", "ucx-cuda", "p2p", "p2p-fail", "offers"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--rogue", required=True)
@@ -299,6 +351,8 @@ def main():
         mode_offers(args)
     elif args.mode == "pinned":
         mode_pinned(args)
+    elif args.mode == "ucx-cuda":
+        mode_ucx_cuda(args)
     elif args.mode == "p2p":
         mode_p2p(args)
     elif args.mode == "p2p-fail":
