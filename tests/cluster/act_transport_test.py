@@ -28,8 +28,8 @@ MODE
             memory is host memory, registered with UCX as such): both log
             "boundary 0->1: ucx-cuda (...)", take no pinned hand-off buffer,
             stage 0 sends from and stage 1 receives into module device
-            buffers made once (none in a second round), the reference tokens
-            come back, and SIGTERM frees every device buffer (live 0)
+            buffers, a handful made and reused over two rounds, the reference
+            tokens come back, and SIGTERM frees every device buffer (live 0)
   p2p       PP 3 with the fake module's point-to-point (STRATA_FAKE_GPU_P2P=1,
             a Unix socket standing in for NCCL): each receiver chooses nccl
             (GPU stages on one node, distinct GPUs, no UCX CUDA memory), the
@@ -159,27 +159,32 @@ def mode_ucx_cuda(args):
     cl = Cluster(args, [{"tp": 1, "cfg": ["backend = cuda"]}, {"tp": 1, "cfg": ["backend = cuda"]}])
     try:
         check(cl.start(), "a PP 2 cluster of two (fake) GPU stages starts")
+        # batches sent before stage 0 has the answer go host-staged: wait for it
+        check(wait_for(lambda: re.search(r"boundary 0->1: ucx-cuda \(", logs(cl, 0)), 20),
+              "stage 0 has stage 1's answer")
         check(ref_tokens(cl, refs) == want, "it serves the reference tokens over ucx-cuda")
-        wait_for(lambda: re.search(r"boundary 0->1: ucx-cuda \(", logs(cl, 0)), 20)
         line = "boundary 0->1: ucx-cuda (GPU stages on one node; UCX takes CUDA memory on both sides (cuda_ipc))"
         w = [logs(cl, i) for i in (0, 1)]
         for i in (0, 1):
             check(line in w[i], "worker %d logs: %s" % (i, line))
-            # (the last stage's pinned logits buffer comes at load, before the boundary)
-            check("fake-gpu: host_alloc" not in w[i].split(line, 1)[-1],
+            # (the last stage's pinned logits buffer comes at load, before "ready")
+            check("fake-gpu: host_alloc" not in w[i].split("worker: stage %d ready in" % i, 1)[-1],
                   "worker %d took no pinned hand-off buffer (no host staging)" % i)
             check("falling back" not in w[i], "worker %d did not fall back" % i)
         allocs = [re.findall(r"fake-gpu: dev_alloc (\d+) live", x) for x in w]
         check(len(allocs[0]) >= 1, "stage 0 writes its output rows into module device buffers (%d)" % len(allocs[0]))
         check(len(allocs[1]) >= 1, "stage 1 receives into module device buffers (%d)" % len(allocs[1]))
         # 2 requests x 32 tokens: over 60 forwards; buffers are made once per size and reused
-        check(all(len(a) <= 4 for a in allocs), "a handful of device buffers, not one a forward (%s)"
-              % [len(a) for a in allocs])
         check(all(int(b) >= 64 << 10 for a in allocs for b in a), "each of at least 64 KiB")
         check(ref_tokens(cl, refs) == want, "the same reference tokens again")
+        # 2 x 2 requests of 32 tokens: over 120 forwards a stage; a buffer is
+        # made only when every one is busy (sends / receives in flight), so a
+        # handful in all, and they are reused
         again = [re.findall(r"fake-gpu: dev_alloc (\d+) live", logs(cl, i)) for i in (0, 1)]
-        check(again == allocs, "the second round allocated no device buffer (%s -> %s)"
-              % ([len(a) for a in allocs], [len(a) for a in again]))
+        fwd = len(re.findall(r'msg="seq starts" stage=0', logs(cl, 0)))
+        check(fwd == 4, "stage 0 started the 4 sequences (%d)" % fwd)
+        check(all(1 <= len(a) <= 6 for a in again), "a handful of device buffers, not one a forward (%s)"
+              % [len(a) for a in again])
         rcs = cl.stop()
         for i in (0, 1):
             check(rcs.get("worker%d" % i) == 0, "worker %d exits 0 on SIGTERM (%s)" % (i, rcs.get("worker%d" % i)))
