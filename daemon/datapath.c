@@ -461,6 +461,15 @@ static int check_activations(const wstage *w, const frame_header *h, size_t byte
     return 0;
 }
 
+/* Whether the ACTIVATIONS header forward_done makes from h fits the UCX AM
+ * header, as a device payload needs (xport_mem_register_device): it carries
+ * the same sequences, and a 2-entry shape where h may carry token ids. A
+ * larger one (long sampling histories) takes the host-staged path. */
+static bool out_header_inline(const wstage *w, const frame_header *h)
+{
+    return strata__v1__frame_header__get_packed_size(h) + 32 <= xport_max_inline_header(w->x);
+}
+
 void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, const void *payload, size_t bytes)
 {
     st_err err;
@@ -519,7 +528,7 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
     }
     if (!in->is_last && w->p2p_out && w->p2p_out->ready && !w->p2p_out->broken) {
         j->cj.p2p_out = w->p2p_out; /* the rows stay on the device and go over NCCL (forward_p2p) */
-    } else if (!in->is_last && w->act_out == ACT_XPORT_UCX_CUDA &&
+    } else if (!in->is_last && w->act_out == ACT_XPORT_UCX_CUDA && out_header_inline(w, h) &&
                (j->dout = dbuf_get(w, n_el * sizeof(float), DBUF_JOB, &err))) {
         /* ucx-cuda: the forward writes f32 rows into a registered device buffer; UCX sends from it */
         j->out_bytes = n_el * sizeof(float);

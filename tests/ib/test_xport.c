@@ -167,6 +167,10 @@ struct parent {
     int sends_ok, sends_failed;
     int inbound_frames;
     xport_peer *inbound_peer;
+    const void *last_payload;
+    /* test_device's rx sink */
+    xport_mem *sink_mem;
+    int sink_gets, sink_puts, sink_delivered;
 };
 
 static void frame_shape(int i, int *rows, int *cols, int *dtype)
@@ -238,6 +242,7 @@ static void p_frame(xport_peer *p, const frame_header *h, const void *payload, s
         return;
     }
     s->next_expected++;
+    s->last_payload = payload;
     fx f;
     build_header(&f, i);
     size_t l1 = 0, l2 = 0;
@@ -477,6 +482,89 @@ static void test_poll(struct parent *s, xport_peer *good)
     unsetenv("STRATA_XPORT_POLL_US");
 }
 
+static xport_mem *sink_get(xport_peer *p, const frame_header *h, size_t bytes, void *arg)
+{
+    struct parent *s = arg;
+    s->sink_gets++;
+    return s->sink_mem;
+}
+
+static void sink_put(xport_mem *m, bool delivered, void *arg)
+{
+    struct parent *s = arg;
+    CHECK(m == s->sink_mem);
+    s->sink_puts++;
+    s->sink_delivered += delivered;
+}
+
+/* Device memory (ib/act_transport.h ucx-cuda), with host memory registered
+ * as UCS_MEMORY_TYPE_HOST standing in: a send from it goes by rendezvous
+ * and needs its header inline; a rendezvous payload lands in the sink's
+ * region when it is large enough, else in the pool, and the region always
+ * comes back through put. */
+static void test_device(struct parent *s, xport_peer *good)
+{
+    st_err err;
+    void *dev = NULL;
+    REQUIRE(posix_memalign(&dev, 4096, 1u << 20) == 0);
+    xport_mem *dm = xport_mem_register_device(s->x, dev, 1u << 20, false, &err);
+    REQUIRE_MSG(dm, "%s", err.msg);
+    CHECK(xport_mem_register_device(s->x, NULL, 16, false, &err) == NULL);
+    xport_rx_sink sink = {.get = sink_get, .put = sink_put, .arg = s};
+    xport_set_rx_sink(s->x, &sink);
+    s->sink_mem = dm;
+
+    /* 512 KiB echoed back by rendezvous: received straight into the region */
+    xport_stats st0, st1;
+    xport_get_stats(s->x, &st0);
+    CHECK(round_trip(s, good, 5003));
+    CHECK(s->last_payload == dev); /* received in place */
+    CHECK_EQ_INT(s->sink_gets, 1);
+    CHECK_EQ_INT(s->sink_puts, 1);
+    CHECK_EQ_INT(s->sink_delivered, 1);
+    /* 8 KiB echoed back eagerly: the sink is not asked */
+    CHECK(round_trip(s, good, 5001));
+    CHECK(s->last_payload != dev);
+    CHECK_EQ_INT(s->sink_gets, 1);
+
+    /* a region too small: given back undelivered, the frame comes by the pool */
+    void *small = NULL;
+    REQUIRE(posix_memalign(&small, 4096, 4096) == 0);
+    xport_mem *sm = xport_mem_register_device(s->x, small, 4096, false, &err);
+    REQUIRE_MSG(sm, "%s", err.msg);
+    s->sink_mem = sm;
+    CHECK(round_trip(s, good, 5008));
+    CHECK(s->last_payload != small);
+    CHECK_EQ_INT(s->sink_gets, 2);
+    CHECK_EQ_INT(s->sink_puts, 2);
+    CHECK_EQ_INT(s->sink_delivered, 1);
+    xport_set_rx_sink(s->x, NULL);
+
+    /* a send from device memory: by rendezvous, even at 8 KiB */
+    fx f;
+    build_header(&f, 5001);
+    s->next_expected = 5001;
+    fill_payload(5001, dev, 7, 288, STRATA__V1__DTYPE__DTYPE_F32);
+    int ok = s->frames_ok, sent = s->sends_ok;
+    CHECK_EQ_INT(xport_send(good, &f.h, dev, 7 * 288 * 4, dm, p_sent, NULL, &err), 0);
+    CHECK(run_until(s, &s->frames_ok, ok + 1, 10.0));
+    CHECK(run_until(s, &s->sends_ok, sent + 1, 5.0));
+    fx_free(&f);
+    xport_get_stats(s->x, &st1);
+    CHECK_EQ_INT(st1.rndv_recv - st0.rndv_recv, 2); /* 5003 into the region, 5008 into the pool */
+    /* a header too large for the AM header cannot go in front of device memory */
+    build_header(&f, 6000);
+    int rows, cols, dtype;
+    frame_shape(6000, &rows, &cols, &dtype);
+    CHECK(xport_send(good, &f.h, dev, (size_t)rows * cols * frame_dtype_size(dtype), dm, p_sent, NULL, &err) != 0);
+    CHECK(strstr(err.msg, "does not fit the AM header") != NULL);
+    fx_free(&f);
+    xport_mem_unregister(s->x, sm);
+    xport_mem_unregister(s->x, dm);
+    free(small);
+    free(dev);
+}
+
 int main(int argc, char **argv)
 {
     setenv("UCX_TLS", "tcp", 0);
@@ -514,6 +602,7 @@ int main(int argc, char **argv)
     CHECK(xport_max_inline_header(s.x) < 40000);
     CHECK(round_trip(&s, good, 6000)); /* header-in-data path */
     test_poll(&s, good);
+    test_device(&s, good);
     CHECK_EQ_INT(s.sends_failed, 0);
     reap(echo);
     event_free(t);
