@@ -7,34 +7,40 @@
 static const char *const k_xport[] = {"ucx", "ucx-pinned", "ucx-cuda", "nccl"};
 static const char *const k_override[] = {"auto", "ucx", "nccl"};
 
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The index of s in names, or -1 (also for NULL). */
+static int name_index(const char *const *names, unsigned n, const char *s)
+{
+    for (unsigned i = 0; s && i < n; i++)
+        if (!strcmp(s, names[i])) return (int)i;
+    return -1;
+}
+
 const char *act_xport_name(enum act_xport x)
 {
-    return (unsigned)x < sizeof k_xport / sizeof k_xport[0] ? k_xport[x] : "?";
+    return (unsigned)x < N_OF(k_xport) ? k_xport[x] : "?";
 }
 
 int act_xport_parse(const char *s, enum act_xport *out)
 {
-    for (unsigned i = 0; s && i < sizeof k_xport / sizeof k_xport[0]; i++)
-        if (!strcmp(s, k_xport[i])) {
-            *out = (enum act_xport)i;
-            return 0;
-        }
-    return -1;
+    int i = name_index(k_xport, N_OF(k_xport), s);
+    if (i < 0) return -1;
+    *out = (enum act_xport)i;
+    return 0;
 }
 
 const char *act_override_name(enum act_override o)
 {
-    return (unsigned)o < sizeof k_override / sizeof k_override[0] ? k_override[o] : "?";
+    return (unsigned)o < N_OF(k_override) ? k_override[o] : "?";
 }
 
 int act_override_parse(const char *s, enum act_override *out)
 {
-    for (unsigned i = 0; s && i < sizeof k_override / sizeof k_override[0]; i++)
-        if (!strcmp(s, k_override[i])) {
-            *out = (enum act_override)i;
-            return 0;
-        }
-    return -1;
+    int i = name_index(k_override, N_OF(k_override), s);
+    if (i < 0) return -1;
+    *out = (enum act_override)i;
+    return 0;
 }
 
 /* Why NCCL cannot run on this boundary ("" when it can). */

@@ -105,6 +105,18 @@ class SimThread:
             print("simulator: %r" % e)
 
 
+def finish(co, sims):
+    """Every mode's teardown: stop the simulators, then the coordinator
+    (SIGTERM, exit 0 checked); on failure, the tail of its log."""
+    for s_ in sims:
+        if s_:
+            s_.stop()
+    rc = co.stop()
+    check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
+    if FAILS:
+        print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+
+
 def mode_scale(args):
     co = Coord(args, ["--heartbeat-ms", "1000", "--dead-after-ms", "10000", "--min-workers", "100"])
     sims = []
@@ -150,13 +162,7 @@ def mode_scale(args):
         check(f.errors == 0 and f.reregisters == 0, "no simulated worker got an error or lost its lease (%d, %d; %s)"
               % (f.errors, f.reregisters, f.first_error))
     finally:
-        for s in sims:
-            s.stop()
-        rc = co.stop()
-        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
-        if FAILS:
-            with open(co.log, errors="replace") as fh:
-                print("---- coordinator.log (last 30 lines)\n" + "".join(fh.readlines()[-30:]))
+        finish(co, sims)
 
 
 def mode_journal(args):
@@ -208,12 +214,7 @@ def mode_journal(args):
         check(os.path.getsize(jpath) == int(m.group(1)) if m else False,
               "the torn tail is cut off (the journal ends at the last whole record)")
     finally:
-        for s_ in sims:
-            s_.stop()
-        rc = co.stop()
-        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
-        if FAILS:
-            print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+        finish(co, sims)
 
 
 def mode_restart(args):
@@ -252,12 +253,7 @@ def mode_restart(args):
               % (len(dead), len(suspect), (dead + suspect)[:5]))
         check(ready() == N, "all %d still ready" % N)
     finally:
-        if sim:
-            sim.stop()
-        rc = co.stop()
-        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
-        if FAILS:
-            print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+        finish(co, [sim])
 
 
 def mode_remove(args):
@@ -315,12 +311,7 @@ def mode_remove(args):
         names = sorted(n.name for n in co.nodes())
         check(names == ["a-00000", "a-00001", "a-00002"], "after a restart (SIGKILL): the store has a-00001 again and not the expired z-00000 (%s)" % names)
     finally:
-        for s_ in sims:
-            s_.stop()
-        rc = co.stop()
-        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
-        if FAILS:
-            print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+        finish(co, sims)
 
 
 def mode_fdlimit(args):
@@ -356,12 +347,7 @@ def mode_fdlimit(args):
         st = co.stub.GetStatus(pb.GetStatusRequest(), timeout=10)
         check(st.nodes_total == n, "and still answers (GetStatus: %d nodes)" % st.nodes_total)
     finally:
-        if sim:
-            sim.stop()
-        rc = co.stop()
-        check(rc == 0, "the coordinator exits 0 on SIGTERM (%s)" % rc)
-        if FAILS:
-            print("---- %s (last 30 lines)\n" % co.log + "".join(co.log_text().splitlines(True)[-30:]))
+        finish(co, [sim])
 
 
 def main():
