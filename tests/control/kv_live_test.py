@@ -140,7 +140,10 @@ def main():
             if FAILS:
                 cl.dump()
             rcs = cl.stop()
-            check(all(rc == 0 for rc in rcs.values()), "every process left exited 0 on SIGTERM: %s" % rcs)
+            clean = all(rc == 0 for rc in rcs.values())
+            check(clean, "every process left exited 0 on SIGTERM: %s" % rcs)
+            if not clean and not FAILS[:-1]:
+                cl.dump()  # the logs say why (a sanitizer report, an error at exit)
             shutil.rmtree(cl.tmp, ignore_errors=True)
     print("%d failure(s)" % len(FAILS))
     return 1 if FAILS else 0
