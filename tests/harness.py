@@ -160,6 +160,28 @@ def stream_all(port, prompts, n, on_progress=None):
     return out
 
 
+def finish(cl, after_stop=None):
+    """The end of a live-cluster test: stops cl (every process by pid,
+    cl.stop() -> {name: exit status}), runs after_stop() (e.g. removing
+    namespaces), checks every process left exited 0 on SIGTERM, prints the
+    logs when any check failed (that one included: a sanitizer report at exit
+    is only in the logs) and removes cl.tmp when all passed. cl may be None
+    (the set-up failed). The exit status for sys.exit."""
+    rcs = cl.stop() if cl else {}
+    if after_stop:
+        after_stop()
+    check(all(rc == 0 for rc in rcs.values()), "every process left exited 0 on SIGTERM: %s" % rcs)
+    if FAILS:
+        if cl:
+            cl.dump()
+        print("%d FAILED: %s" % (len(FAILS), FAILS))
+        return 1
+    if cl:
+        shutil.rmtree(cl.tmp, ignore_errors=True)
+    print("all checks passed")
+    return 0
+
+
 def reap(procs, timeout=30):
     """Waits for each (name, Popen) of procs in turn, timeout s each (then
     SIGKILL): {name: exit status, None for one that had to be killed}."""

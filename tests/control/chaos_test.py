@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from harness import FAILS, check, control_stubs, free_port, sse_completion, wait_for  # noqa: E402
+from harness import finish, check, control_stubs, free_port, sse_completion, wait_for  # noqa: E402
 import recovery_test  # noqa: E402  (its Live cluster: coordinator --live + named workers)
 
 N_CLIENTS = 8
@@ -124,7 +123,6 @@ def main():
     with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
         refs = json.load(f)
     cl = None
-    rcs = {}
     try:
         cl = ChaosLive(args)
         cl.start_worker("w-a")
@@ -155,18 +153,7 @@ def main():
             check(st.serving, "the cluster serves at the end")
     except Exception as e:  # noqa: BLE001
         check(False, "exception: %r" % e)
-    finally:
-        if cl:
-            rcs = cl.stop()
-            if FAILS:
-                cl.dump()
-    check(all(rc == 0 for rc in rcs.values()), "every process left exited 0 on SIGTERM: %s" % rcs)
-    if FAILS:
-        print("%d FAILED: %s" % (len(FAILS), FAILS))
-        return 1
-    shutil.rmtree(cl.tmp, ignore_errors=True)
-    print("all checks passed")
-    return 0
+    return finish(cl)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ import argparse
 import http.client
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -50,7 +49,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import FAILS, LiveBase, check, control_stubs, free_port, reap, sse_events, wait_for  # noqa: E402
+from harness import finish, LiveBase, check, control_stubs, free_port, reap, sse_events, wait_for  # noqa: E402
 
 HB_MS = 200
 DEAD_MS = 1000
@@ -656,17 +655,7 @@ def main():
         globals()["mode_" + args.mode](cl, args)
     except Exception as e:  # noqa: BLE001
         check(False, "exception: %r" % e)
-    finally:
-        rcs = cl.stop()
-        if FAILS:
-            cl.dump()
-    check(all(rc == 0 for rc in rcs.values()), "every process exited 0 on SIGTERM: %s" % rcs)
-    if FAILS:
-        print("%d FAILED: %s" % (len(FAILS), FAILS))
-        return 1
-    shutil.rmtree(cl.tmp, ignore_errors=True)
-    print("all checks passed")
-    return 0
+    return finish(cl)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ is bounded; no timing is asserted. Runs under /usr/bin/python3 (grpcio).
 """
 import argparse
 import os
-import shutil
 import sys
 import threading
 
@@ -32,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 sys.path.insert(0, HERE)
-from harness import FAILS, check, check_streams, control_stubs, http_get, stream_all, wait_for  # noqa: E402
+from harness import finish, check, check_streams, control_stubs, http_get, stream_all, wait_for  # noqa: E402
 import recovery_test as rt  # noqa: E402
 from kv_test import QUESTIONS, SYSTEM  # noqa: E402
 
@@ -135,18 +134,7 @@ def main():
         cl = {"replace": mode_replace, "recover": mode_recover}[args.mode](args)
     except Exception as e:  # noqa: BLE001
         check(False, "exception: %r" % e)
-    finally:
-        if cl is not None:
-            if FAILS:
-                cl.dump()
-            rcs = cl.stop()
-            clean = all(rc == 0 for rc in rcs.values())
-            check(clean, "every process left exited 0 on SIGTERM: %s" % rcs)
-            if not clean and not FAILS[:-1]:
-                cl.dump()  # the logs say why (a sanitizer report, an error at exit)
-            shutil.rmtree(cl.tmp, ignore_errors=True)
-    print("%d failure(s)" % len(FAILS))
-    return 1 if FAILS else 0
+    return finish(cl)
 
 
 if __name__ == "__main__":

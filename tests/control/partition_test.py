@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +42,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import (FAILS, LiveBase, NetnsBridge, check, check_streams, control_stubs, free_port,  # noqa: E402
+from harness import (finish, LiveBase, NetnsBridge, check, check_streams, control_stubs, free_port,  # noqa: E402
                      http_get, insecure_flag, log_time, netns_unavailable, reap, stream_all, wait_for)
 
 N_STREAMS = 6
@@ -268,27 +267,13 @@ def main():
     global grpc, pb, pbg
     grpc, pb, pbg = control_stubs(args.proto, os.path.join(args.workdir, "pygen-partition-" + args.mode))
     nb = cl = None
-    rcs = {}
     try:
         nb = NetnsBridge()
         cl = NetLive(args, nb)
         run(args, args.mode, cl)
     except Exception as e:  # noqa: BLE001 - reported as a failure
         check(False, "exception: %r" % e)
-    finally:
-        if cl:
-            rcs = cl.stop()
-            if FAILS:
-                cl.dump(40)
-        if nb:
-            check(nb.close(), "the namespaces, veths and bridge are removed")
-    check(all(rc == 0 for rc in rcs.values()), "every process exited 0 on SIGTERM: %s" % rcs)
-    if FAILS:
-        print("%d FAILED: %s" % (len(FAILS), FAILS))
-        return 1
-    shutil.rmtree(cl.tmp, ignore_errors=True)
-    print("all checks passed")
-    return 0
+    return finish(cl, lambda: nb and check(nb.close(), "the namespaces, veths and bridge are removed"))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ Runs under /usr/bin/python3 (Debian's python3-grpcio imports only there).
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -52,7 +51,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import (FAILS, LiveBase, check, check_streams, control_stubs, free_port, http_get,  # noqa: E402
+from harness import (finish, LiveBase, check, check_streams, control_stubs, free_port, http_get,  # noqa: E402
                      reap, stream_all, wait_for)
 
 HB_MS = 1000
@@ -396,18 +395,9 @@ def main():
     cl = None
     try:
         cl = globals()["mode_" + args.mode](args)
-    finally:
-        rcs = cl.stop() if cl else {}
-        if FAILS and cl:
-            cl.dump()
-    check(all(rc == 0 for rc in rcs.values()), "every process left exited 0 on SIGTERM: %s" % rcs)
-    if FAILS:
-        print("%d FAILED: %s" % (len(FAILS), FAILS))
-        return 1
-    if cl:
-        shutil.rmtree(cl.tmp, ignore_errors=True)
-    print("all checks passed")
-    return 0
+    except Exception as e:  # noqa: BLE001 - reported as a failure
+        check(False, "exception: %r" % e)
+    return finish(cl)
 
 
 if __name__ == "__main__":
