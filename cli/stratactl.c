@@ -2,14 +2,16 @@
  * proto/control.proto) through rpc/grpc_client. Human-readable tables by
  * default, JSON (field names as in control.proto) with --json.
  *
- *   stratactl [--addr HOST:PORT] [--json] [--timeout S] [--ca F --cert F --key F] COMMAND
+ *   stratactl [--addr HOST:PORT[,HOST:PORT...]] [--json] [--timeout S] [--ca F --cert F --key F] COMMAND
  *     status | nodes | placement show | placement set --stages a:0-2,b:3-4
  *     placement auto [--dry-run] | drain NODE [--wait] | undrain NODE | node remove NODE
  *     generate PROMPT [--max-tokens N]
  *   stratactl --version
  *
  * --addr HOST (no port) means HOST:7070, the coordinator's default gRPC port;
- * IPv6 as [ADDR]:PORT or [ADDR]. JSON follows proto3's mapping: 64-bit
+ * IPv6 as [ADDR]:PORT or [ADDR]. --addr A,B,... names a leader and its
+ * standbys (--etcd, docs/recovery.md): the command goes to the first that
+ * answers GetStatus (a standby answers UNAVAILABLE and runs nothing). JSON follows proto3's mapping: 64-bit
  * integers (lease ids, epochs, byte counts) are strings, so that jq and
  * JavaScript do not round them. Progress bars only when stderr is a terminal.
  *
@@ -40,11 +42,13 @@
 #define DEFAULT_PORT 7070
 #define DEFAULT_ADDR "127.0.0.1:7070"
 #define DRAIN_WAIT_S 600.0 /* drain --wait without --timeout */
+#define MAX_ADDRS 8        /* --addr a,b,...: a leader and its standbys, as the worker's --coordinator */
+#define PROBE_S 3.0        /* each coordinator's GetStatus while looking for the leader */
 
 enum { EXIT_OK = 0, EXIT_SERVER = 1, EXIT_USAGE = 2, EXIT_UNAVAILABLE = 3 };
 
 static const char usage_text[] =
-    "usage: stratactl [--addr HOST:PORT] [--json] [--timeout S] [--ca F --cert F --key F] COMMAND\n"
+    "usage: stratactl [--addr HOST:PORT[,...]] [--json] [--timeout S] [--ca F --cert F --key F] COMMAND\n"
     "commands:\n"
     "  status                                cluster summary\n"
     "  nodes                                 registered workers, state, heartbeat age, load\n"
@@ -59,7 +63,8 @@ static const char usage_text[] =
     "  generate PROMPT [--max-tokens N]      stream generated text\n"
     "options:\n"
     "  --addr HOST[:PORT] coordinator gRPC control address, port 7070 when left out\n"
-    "                     (default $STRATACTL_ADDR or " DEFAULT_ADDR ")\n"
+    "                     (default $STRATACTL_ADDR or " DEFAULT_ADDR "); A,B,... (up to 8): coordinators\n"
+    "                     on etcd, the command goes to the one that leads\n"
     "  --json             JSON output (generate: one JSON object per chunk; 64-bit numbers as strings)\n"
     "  --timeout S        deadline in seconds (default 10; generate: 600; drain --wait: the whole\n"
     "                     wait, default 600)\n"
@@ -70,14 +75,17 @@ static const char usage_text[] =
     "exit codes: 0 ok, 1 server error, 2 usage error, 3 unavailable or timed out\n";
 
 typedef struct opts {
-    const char *addr;
+    const char *addr;      /* the one the command goes to */
+    const char *addrs[MAX_ADDRS];
+    int n_addrs;
     rpc_tls tls;           /* all NULL: plaintext */
     int json;
     double timeout;
     const char *stages;
     int dry_run, wait;
     long max_tokens;
-    char addr_buf[300];    /* --addr with the default port added */
+    char addr_arg[MAX_ADDRS * 300];     /* --addr's list, split in place */
+    char addr_buf[MAX_ADDRS][300];      /* each with the default port added */
     const char *words[4];
     int n_words;
 } opts;
@@ -198,6 +206,10 @@ static int status_exit(const char *what, const rpc_status *st) {
                 "coordinator's OpenAI API (8000)? The control API is the --grpc-listen address of a "
                 "coordinator started with --live (default port 7070).\n",
                 ctl_addr);
+    else if (st->code == RPC_UNAVAILABLE && strstr(st->msg, "is a standby"))
+        fprintf(stderr,
+                "stratactl: hint: give every coordinator, --addr A,B,... (or $STRATACTL_ADDR), and "
+                "stratactl sends the command to the one that leads.\n");
     else if (st->code == RPC_UNAVAILABLE || st->code == RPC_UNIMPLEMENTED)
         fprintf(stderr,
                 "stratactl: hint: is a coordinator running with --live and its gRPC control API on %s "
@@ -683,8 +695,8 @@ static int cmd_generate(rpc_client *c, const opts *o) {
 
 /* HOST -> HOST:7070, [V6] -> [V6]:7070, a bare IPv6 address -> [V6]:7070;
  * a port must be 1..65535. 0, or the usage exit code (message printed). */
-static int normalize_addr(opts *o) {
-    const char *a = o->addr, *port = NULL;
+static int normalize_addr(const char **addr, char buf[300]) {
+    const char *a = *addr, *port = NULL;
     if (a[0] == '[') {
         const char *close = strchr(a, ']');
         if (!close || close == a + 1) return usage_error("--addr \"%s\": an IPv6 address is [ADDR] or [ADDR]:PORT", a);
@@ -693,8 +705,8 @@ static int normalize_addr(opts *o) {
     } else {
         const char *colon = strchr(a, ':');
         if (colon && strchr(colon + 1, ':')) { /* a bare IPv6 address: no port */
-            snprintf(o->addr_buf, sizeof o->addr_buf, "[%s]:%d", a, DEFAULT_PORT);
-            o->addr = o->addr_buf;
+            snprintf(buf, 300, "[%s]:%d", a, DEFAULT_PORT);
+            *addr = buf;
             return 0;
         }
         if (colon == a) return usage_error("--addr \"%s\": no host", a);
@@ -708,9 +720,25 @@ static int normalize_addr(opts *o) {
             return usage_error("--addr \"%s\": the port must be a number in 1..65535", a);
         return 0;
     }
-    if (strlen(a) + 8 >= sizeof o->addr_buf) return usage_error("--addr \"%.64s...\": too long", a);
-    snprintf(o->addr_buf, sizeof o->addr_buf, "%s:%d", a, DEFAULT_PORT);
-    o->addr = o->addr_buf;
+    if (strlen(a) + 8 >= 300) return usage_error("--addr \"%.64s...\": too long", a);
+    snprintf(buf, 300, "%s:%d", a, DEFAULT_PORT);
+    *addr = buf;
+    return 0;
+}
+
+/* --addr A,B,...: each address normalized into o->addrs. */
+static int split_addrs(opts *o) {
+    if (strlen(o->addr) >= sizeof o->addr_arg) return usage_error("--addr \"%.64s...\": too long", o->addr);
+    strcpy(o->addr_arg, o->addr);
+    for (char *save = NULL, *a = strtok_r(o->addr_arg, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+        if (o->n_addrs == MAX_ADDRS) return usage_error("--addr: at most 8 coordinators, not \"%s\"", o->addr);
+        o->addrs[o->n_addrs] = a;
+        int rc = normalize_addr(&o->addrs[o->n_addrs], o->addr_buf[o->n_addrs]);
+        if (rc) return rc;
+        o->n_addrs++;
+    }
+    if (!o->n_addrs) return usage_error("--addr \"%s\": no address", o->addr);
+    o->addr = o->addrs[0];
     return 0;
 }
 
@@ -782,7 +810,40 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (!strcmp(cmd, "node") && strcmp(o->words[1], "remove"))
         return usage_error("unknown command \"node %s\" (node remove NODE)", o->words[1]);
     if (o->wait && strcmp(cmd, "drain")) return usage_error("%s", "--wait goes with drain only");
-    return normalize_addr(o);
+    return split_addrs(o);
+}
+
+/* With several --addr: the client of the first coordinator that answers
+ * GetStatus (the leader; a standby answers UNAVAILABLE naming it), with
+ * o->addr set to it; NULL after printing why each one did not (exit 3). */
+static rpc_client *find_leader(opts *o, const rpc_tls *tls) {
+    Strata__V1__GetStatusRequest req = STRATA__V1__GET_STATUS_REQUEST__INIT;
+    uint8_t buf[16];
+    size_t len = protobuf_c_message_pack(&req.base, buf);
+    double t = o->timeout > 0 && o->timeout < PROBE_S ? o->timeout : PROBE_S;
+    char why[MAX_ADDRS][600]; /* st_err and rpc_status messages are 512 */
+    for (int i = 0; i < o->n_addrs; i++) {
+        st_err err = {{0}};
+        rpc_client *c = rpc_client_create(o->addrs[i], tls, &err);
+        if (!c) {
+            snprintf(why[i], sizeof why[i], "%s", err.msg);
+            continue;
+        }
+        uint8_t *rep = NULL;
+        size_t rlen = 0;
+        rpc_status st;
+        int rc = rpc_client_unary(c, SVC "GetStatus", buf, len, t, &rep, &rlen, &st);
+        free(rep);
+        if (rc == 0) {
+            o->addr = o->addrs[i];
+            return c;
+        }
+        snprintf(why[i], sizeof why[i], "%s: %s", rpc_code_name(st.code), st.msg);
+        rpc_client_destroy(c);
+    }
+    fprintf(stderr, "stratactl: none of the %d coordinators answers as the leader:\n", o->n_addrs);
+    for (int i = 0; i < o->n_addrs; i++) fprintf(stderr, "  %s: %s\n", o->addrs[i], why[i]);
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -810,8 +871,11 @@ int main(int argc, char **argv) {
         unavailable_hint = " (mutual TLS: a refused handshake looks the same; check that the coordinator's "
                            "certificate is from --ca and names the --addr host, and that --cert is from the "
                            "same CA)";
-    rpc_client *c = rpc_client_create(o.addr, tls ? &o.tls : NULL, &err);
-    if (!c) {
+    rpc_client *c;
+    if (o.n_addrs > 1) {
+        if (!(c = find_leader(&o, tls ? &o.tls : NULL))) return EXIT_UNAVAILABLE;
+        ctl_addr = o.addr;
+    } else if (!(c = rpc_client_create(o.addr, tls ? &o.tls : NULL, &err))) {
         fprintf(stderr, "stratactl: %s\n", err.msg);
         return tls ? EXIT_USAGE : EXIT_UNAVAILABLE;
     }

@@ -66,6 +66,14 @@ def ctl_mistakes():
               "--addr %r: usage error 2: %r" % (bad, err.strip()[:120]))
     rc, out, err = ctl("status", addr="[::1]:%d" % closed)
     check(rc == 3, "--addr [::1]:PORT is accepted (3: nothing there): %d" % rc)
+    for bad in (",", "127.0.0.1:1,127.0.0.1:abc", ",".join(["127.0.0.1:1"] * 9)):
+        rc, out, err = ctl("status", addr=bad)
+        check(rc == 2 and err.startswith("stratactl: --addr"), "--addr %r: usage error 2: %r" % (bad[:40], err.strip()[:120]))
+    closed2 = free_port()
+    rc, out, err = ctl("status", addr="127.0.0.1:%d,127.0.0.1:%d" % (closed, closed2))
+    check(rc == 3 and "none of the 2 coordinators answers as the leader" in err
+          and "127.0.0.1:%d: UNAVAILABLE" % closed in err and "127.0.0.1:%d: UNAVAILABLE" % closed2 in err,
+          "--addr A,B with neither there: exit 3, each one's error: %r" % err[-300:])
     rc, out, err = ctl("status", addr="127.0.0.1:%d" % closed)
     check(rc == 3 and "UNAVAILABLE" in err and "hint: is a coordinator running with --live" in err
           and "127.0.0.1:%d" % closed in err, "nothing listening: exit 3 with the --live hint: %r" % err[-200:])

@@ -379,6 +379,12 @@ def run(args):
         check(leader.get("http") == a_url and leader.get("grpc") == cl.coords["A"]["grpc"],
               "etcd %s/leader names A: %s" % (PREFIX, leader))
 
+        rc, out = stratactl(args, [cl.coords["B"]["grpc"]], "status")
+        check(rc == 3 and "is a standby" in out, "stratactl --addr B (the standby) status: exit 3, 'is a standby' (%d)" % rc)
+        rc, out = stratactl(args, [cl.coords["B"]["grpc"], cl.coords["A"]["grpc"]], "status")
+        check(rc == 0 and "serving" in out and "yes" in out,
+              "stratactl --addr B,A status: the leader A answers (exit %d)" % rc)
+
         loads0 = loads(cl)
         again0 = {w: cl.text(w).count("already loaded") for w in ("w-a", "w-b")}
 
@@ -412,6 +418,9 @@ def run(args):
         check(all(cl.text(w).count("already loaded") > again0[w] for w in ("w-a", "w-b")),
               "every worker answered B's assignment with 'already loaded'")
         exact(cl, "B", rs, 24, "after the failover (on B)")
+        rc, out = stratactl(args, [cl.coords["A"]["grpc"], cl.coords["B"]["grpc"]], "nodes")
+        check(rc == 0 and "w-a" in out and "w-b" in out,
+              "stratactl --addr A,B nodes with A dead: B answers with w-a, w-b (exit %d)" % rc)
         st, _, _ = cl.request("B", "GET", "/readyz")
         check(st == 200, "B: /readyz 200 as the leader (%d)" % st)
 
@@ -437,11 +446,21 @@ def run(args):
     return 1 if FAILS else 0
 
 
+def stratactl(args, addrs, *words):
+    """stratactl --addr A,B,... WORDS: (exit status, stdout + stderr)."""
+    p = subprocess.run([args.stratactl, "--addr", ",".join(addrs), "--timeout", "5"] + list(words),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    print("  $ stratactl --addr %s %s -> %d\n%s" % (",".join(addrs), " ".join(words), p.returncode,
+                                                    "\n".join("    " + l for l in p.stdout.splitlines()[:6])))
+    return p.returncode, p.stdout
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", nargs="?", default="failover", choices=["failover", "fence", "tls"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
+    ap.add_argument("--stratactl", required=True)
     ap.add_argument("--proto", required=True)
     ap.add_argument("--shared", required=True)
     ap.add_argument("--workdir", required=True)
