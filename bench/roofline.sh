@@ -1,50 +1,88 @@
 #!/usr/bin/env bash
 # roofline.sh — decode speed of a model against this machine's memory-read
-# roofline, measured in the same run.
+# roofline, both measured in the same run, interleaved.
 #
 #   bench/roofline.sh MODEL.gguf [THREADS] [TP] [BUILD_DIR]
+#   env: ROUNDS (default 3), MEMBW_RUNS (default 6), BENCH_REPS (default 2)
 #
 # Decode is memory-bound: each token streams every weight once, so
 #   roofline tok/s = read bandwidth (bytes/s, strata-membw, THREADS threads:
 #                    the best of its read kernels, an upper bound)
-#                    / weight bytes streamed per token: the resident weights
-#                      (strata-bench's backend accounting) less token_embd
-#                      when the model has its own output.weight (decode reads
-#                      one row of the embedding per token, not the table;
-#                      with tied output the lm_head streams it, so it counts)
-# and the ratio decode tok/s / roofline tok/s says how close the kernels get.
-# Use a Release build on a quiet machine.
+#                    / bytes read per token:
+#                      the weights (strata-bench's backend accounting) less
+#                      token_embd when the model has its own output.weight
+#                      (decode reads one row of the embedding per token, not
+#                      the table; with tied output the lm_head streams it)
+#                    + the KV cache read by attention (strata-bench's
+#                      kv_read_bytes_per_token: K and V of every position so
+#                      far, every layer, averaged over the decode steps)
+# and decode tok/s / roofline tok/s says how close the kernels get.
+#
+# On a shared machine or a VM the bandwidth swings from minute to minute
+# (26-75 GB/s were seen here within an hour), and a bandwidth taken a minute
+# away from the decode makes the share noise. So each of ROUNDS rounds
+# measures strata-membw and then strata-bench back to back with the same
+# thread count, and the share is taken per round. Printed: every round, then
+# the median over rounds (bandwidth, decode, share) and the best (the best
+# decode over the best roofline), with the load average before and after.
+# Use a Release build (README: build/), ideally on a quiet machine.
 set -euo pipefail
 model=${1:?usage: bench/roofline.sh MODEL.gguf [THREADS] [TP] [BUILD_DIR]}
 threads=${2:-$(nproc)}
 tp=${3:-1}
-build=${4:-build}  # a Release build (README: build/)
+build=${4:-build}
+rounds=${ROUNDS:-3}
+membw_runs=${MEMBW_RUNS:-6}
+bench_reps=${BENCH_REPS:-2}
 py=/usr/bin/python3
 
-bw=$("$build/bench/strata-membw" --threads "$threads" --json)
-bench=$("$build/bench/strata-bench" --model "$model" --threads "$threads" --tp "$tp" --gen 32 --json)
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 tensors=$("$build/cli/strata-gguf" inspect "$model")
-"$py" - "$bw" "$bench" "$threads" "$tensors" <<'PY'
-import json, sys
-bw, bench, threads = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+results=()
+for ((r = 1; r <= rounds; r++)); do
+    bw=$("$build/bench/strata-membw" --threads "$threads" --runs "$membw_runs" --json)
+    bench=$("$build/bench/strata-bench" --model "$model" --threads "$threads" --tp "$tp" --gen 32 \
+        --reps "$bench_reps" --json)
+    results+=("{\"membw\": $bw, \"bench\": $bench}")
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+"$py" - "$threads" "$tensors" "$load_before" "$load_after" "${results[@]}" <<'PY'
+import json, statistics, sys
+threads, tensors, load0, load1 = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+rounds = [json.loads(a) for a in sys.argv[5:]]
 # strata-gguf inspect's tensor rows: index, name, type, shape, bytes, offset.
 tbytes = {}
-for line in sys.argv[4].splitlines():
+for line in tensors.splitlines():
     f = line.split()
     if len(f) >= 6 and f[0].isdigit() and f[-2].isdigit():
         tbytes[f[1]] = int(f[-2])
-best = max((r for r in bw["results"] if r["threads"] == threads), key=lambda r: r["read_gbps"])
-gbps = best["read_gbps"]  # the best over strata-membw's kernels
-kern = best.get("best_kernel", bw.get("kernel", "?"))
-resident = bench["weights_gib"] * 2**30
 embd = tbytes.get("token_embd.weight", 0) if "output.weight" in tbytes else 0
-wbytes = resident - embd
-roof = gbps * 1e9 / wbytes
-print(f"memory read      {gbps:8.2f} GB/s ({threads} threads, best kernel {kern})")
-print(f"weights          {resident / 1e9:8.3f} GB resident, {wbytes / 1e9:.3f} GB streamed per token"
-      + (f" (token_embd's {embd / 1e9:.3f} GB read one row a token)" if embd else ""))
-print(f"roofline         {roof:8.2f} tok/s")
-print(f"decode           {bench['decode_tok_s']:8.2f} tok/s  ({100 * bench['decode_tok_s'] / roof:.0f}% of roofline)")
-print(f"prefill          {bench['prefill_tok_s']:8.2f} tok/s  (prompt {bench['prompt_len']} tokens)")
-print(f"TTFT {bench['ttft_s']:.3f} s, TPOT {bench['tpot_s'] * 1e3:.1f} ms, all-reduce share {100 * bench['allreduce_share']:.1f}%, peak RSS {bench['peak_rss_gib']:.2f} GiB")
+rows = []
+for rd in rounds:
+    best = max((r for r in rd["membw"]["results"] if r["threads"] == threads), key=lambda r: r["read_gbps"])
+    b = rd["bench"]
+    wbytes = b["weights_gib"] * 2**30 - embd
+    tok_bytes = wbytes + b.get("kv_read_bytes_per_token", 0)
+    roof = best["read_gbps"] * 1e9 / tok_bytes
+    rows.append(dict(gbps=best["read_gbps"], kern=best.get("best_kernel", "?"), roof=roof,
+                     dec=b["decode_tok_s"], share=b["decode_tok_s"] / roof, bench=b,
+                     wbytes=wbytes, tok_bytes=tok_bytes))
+b0 = rows[0]["bench"]
+print(f"model            {b0['model']} ({threads} threads, tp {b0['tp']}, prompt {b0['prompt_len']}, gen {b0['gen']})")
+print(f"bytes per token  {rows[0]['tok_bytes'] / 1e9:.3f} GB: weights {rows[0]['wbytes'] / 1e9:.3f} GB"
+      + (f" (token_embd's {embd / 1e9:.3f} GB read one row a token)" if embd else "")
+      + f" + KV {b0.get('kv_read_bytes_per_token', 0) / 1e6:.2f} MB")
+print(f"{'round':>5} {'membw GB/s':>11} {'best kernel':>18} {'roofline t/s':>13} {'decode t/s':>11} {'share':>6}")
+for i, r in enumerate(rows, 1):
+    print(f"{i:>5} {r['gbps']:>11.2f} {r['kern']:>18} {r['roof']:>13.2f} {r['dec']:>11.2f} {100 * r['share']:>5.0f}%")
+med = lambda k: statistics.median(r[k] for r in rows)
+bw = [r["gbps"] for r in rows]
+print(f"median           membw {med('gbps'):.2f} GB/s (range {min(bw):.2f}-{max(bw):.2f}), roofline {med('roof'):.2f} tok/s, "
+      f"decode {med('dec'):.2f} tok/s, share {100 * med('share'):.0f}% (per round)")
+best_roof, best_dec = max(r["roof"] for r in rows), max(r["dec"] for r in rows)
+print(f"best             roofline {best_roof:.2f} tok/s, decode {best_dec:.2f} tok/s, share {100 * best_dec / best_roof:.0f}%")
+print(f"prefill          {statistics.median(r['bench']['prefill_tok_s'] for r in rows):8.2f} tok/s median "
+      f"(TTFT {b0['ttft_s']:.3f} s, TPOT {b0['tpot_s'] * 1e3:.1f} ms, all-reduce {100 * b0['allreduce_share']:.1f}%, "
+      f"peak RSS {b0['peak_rss_gib']:.2f} GiB in round 1)")
+print(f"load average     {load0} before, {load1} after")
 PY

@@ -12,6 +12,10 @@
  *   all-reduce %  = rank 0's seconds inside collectives / its busy seconds
  *   weights       = resident weight bytes summed over ranks (backend accounting)
  *   peak RSS      = getrusage(RUSAGE_SELF).ru_maxrss
+ * --json adds every repetition's decode tok/s ("decode_tok_s_reps") and the
+ * KV-cache bytes one decode token reads, averaged over the decode steps
+ * ("kv_read_bytes_per_token": K and V of every position so far, every layer;
+ * the cache is f32, the engine's default), for the roofline.
  * Compare decode against the memory-read roofline with bench/roofline.sh.
  */
 #include <errno.h>
@@ -146,14 +150,17 @@ int main(int argc, char **argv) {
     }
 
     bench_result best = {0}, r;
-    int rc = 0;
-    for (int rep = 0; rep <= o.reps; rep++) { /* rep 0 is the warm-up */
+    double *rep_tok_s = calloc((size_t)o.reps + 1, sizeof *rep_tok_s);
+    int rc = rep_tok_s ? 0 : 1;
+    if (rc) fprintf(stderr, "strata-bench: out of memory\n");
+    for (int rep = 0; rc == 0 && rep <= o.reps; rep++) { /* rep 0 is the warm-up */
         if (run_once(g, &o, reqs, &r, &err)) {
             fprintf(stderr, "strata-bench: %s\n", err.msg);
             rc = 1;
             break;
         }
         if (rep == 0) continue;
+        rep_tok_s[rep - 1] = r.t.decode_tok_s;
         if (best.t.decode_tok_s == 0 || r.t.decode_tok_s > best.t.decode_tok_s) {
             double keep_prefill = best.t.prefill_tok_s, keep_ttft = best.t.ttft_s;
             best = r;
@@ -172,7 +179,12 @@ int main(int argc, char **argv) {
         double rss_gib = (double)ru.ru_maxrss * 1024.0 / (1024.0 * 1024.0 * 1024.0);
         double wgib = (double)total_weight_bytes(g, o.tp) / (1024.0 * 1024.0 * 1024.0);
         double tpot = best.t.decode_steps ? best.t.decode_s / best.t.decode_steps : 0;
+        /* Decode step i (0 <= i < gen - 1) attends over prompt_len + i + 1 positions. */
+        double kv_pos = o.gen > 1 ? o.prompt_len + o.gen / 2.0 : 0;
+        double kv_bytes = kv_pos * cfg->n_layer * 2.0 * cfg->n_head_kv * cfg->head_dim * sizeof(float);
         if (o.json) {
+            json_t *reps = json_array();
+            for (int i = 0; i < o.reps; i++) json_array_append_new(reps, json_real(rep_tok_s[i]));
             json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
                                   "model", o.model, "batch", o.batch, "prompt_len", o.prompt_len,
                                   "gen", o.gen, "threads", o.threads, "tp", o.tp,
@@ -180,6 +192,8 @@ int main(int argc, char **argv) {
                                   best.t.decode_tok_s, "ttft_s", best.t.ttft_s, "tpot_s", tpot,
                                   "allreduce_share", best.comm_share, "weights_gib", wgib,
                                   "peak_rss_gib", rss_gib);
+            json_object_set_new(j, "decode_tok_s_reps", reps);
+            json_object_set_new(j, "kv_read_bytes_per_token", json_real(kv_bytes));
             char *txt = json_dumps(j, JSON_COMPACT);
             puts(txt);
             free(txt);
@@ -193,6 +207,7 @@ int main(int argc, char **argv) {
                    best.t.ttft_s, tpot * 1e3, best.comm_share * 100, wgib, rss_gib);
         }
     }
+    free(rep_tok_s);
     free(ids);
     free(reqs);
     gen_close(g);
