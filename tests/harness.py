@@ -160,6 +160,22 @@ def stream_all(port, prompts, n, on_progress=None):
     return out
 
 
+def lsan_could_not_run(folder, name):
+    """True when a log of process name (folder/NAME*.log) ends with
+    LeakSanitizer's own fatal error: its tracer could not stop the threads
+    (it happens on a loaded machine while a library thread starts or ends)
+    and the process exits with ASan's status 1 without having checked."""
+    try:
+        logs = [f for f in os.listdir(folder) if f.startswith(name) and f.endswith(".log")]
+    except OSError:
+        return False
+    for f in logs:
+        with open(os.path.join(folder, f), errors="replace") as fh:
+            if "LeakSanitizer has encountered a fatal error" in fh.read():
+                return True
+    return False
+
+
 def finish(cl, after_stop=None):
     """The end of a live-cluster test: stops cl (every process by pid,
     cl.stop() -> {name: exit status}), runs after_stop() (e.g. removing
@@ -170,6 +186,11 @@ def finish(cl, after_stop=None):
     rcs = cl.stop() if cl else {}
     if after_stop:
         after_stop()
+    for name, rc in rcs.items():
+        if rc == 1 and lsan_could_not_run(cl.tmp, name):
+            print("note: %s exited 1 because LeakSanitizer itself failed (its stop-the-world tracer), not "
+                  "for a leak or an error it found: not counted" % name)
+            rcs[name] = 0
     check(all(rc == 0 for rc in rcs.values()), "every process left exited 0 on SIGTERM: %s" % rcs)
     if FAILS:
         if cl:
