@@ -2,26 +2,38 @@
 """control_scale.py — the control plane under N simulated workers (issue 18).
 
 For each N: a fresh strata-coordinator --live (no placement: --min-workers
-above N, so only the control plane works), then N simulated workers
-(tests/control/fleet_sim.py: one gRPC channel each, Register, then a
-Heartbeat every second) started all at once, split over processes of at most
---per-proc workers (Python asyncio on grpc.aio). Prints one row per N:
+above N, so only the control plane works), then N simulated workers started
+all at once, one gRPC connection each as the worker daemons have:
+  --sim c (default)  bench's strata-fleet-sim (bench/fleet_sim.c): one
+                     process, all calls asynchronous on --threads completion
+                     queues (gRPC's C core), Register and Heartbeat as
+                     daemon/registration.c sends them, with its deadlines;
+  --sim python       tests/control/fleet_sim.py (grpc.aio), split over
+                     processes of --per-proc workers; on a small machine
+                     the Python simulators saturate the CPU long before the
+                     coordinator does (10k workers on 2 cores: heartbeat
+                     p99 1.5 s from the simulators' own delay).
+Prints one row per N:
 
   cpu%       the coordinator's CPU (utime + stime, % of one core) over the
              steady window (--window s, after every node is ready)
   rss        the coordinator's RSS at the end of the window
   hb p50/p99 Heartbeat round trips seen by the simulators in the window (ms;
-             includes the simulators' own scheduling delay)
-  cold       cold start: from the simulators' start until ListNodes shows all
+             includes the simulators' own scheduling delay); C: also the max
+  cold       cold start: from the first Register until ListNodes shows all
              N nodes ready (s)
   cold hb p99  Heartbeat round trips during the cold start (ms): the nodes
              registered first heartbeat while the others' Registers queue
              (Heartbeat is urgent on the coordinator's loop, rpc/grpc_loop.h)
   misses     Register / Heartbeat calls past their 2 s deadline
   suspects   nodes the coordinator declared suspect or dead ("is suspect",
-             "is dead" in its log) + heartbeats answered reregister after the
-             cold start: false suspects, since every simulator is alive
-  nodes      `stratactl nodes` wall time (median of 3, ms)
+             "is dead" in its log, until the window's end) + heartbeats
+             answered reregister: false suspects, since every simulator is
+             alive
+  nodes      `stratactl nodes` wall time (median of 3 in the window, ms)
+  sim cpu%   (C) the simulator's own CPU over the window (% of one core):
+             it shares the machine with the coordinator
+The row's full figures go to stderr as one JSON line.
 """
 import argparse
 import json
@@ -55,19 +67,33 @@ def rss_mb(pid):
     return 0.0
 
 
-def one(args, n, grpc, pb, pbg, pydir, sha):
-    tmp = tempfile.mkdtemp(prefix="strata-scale-")
+def start_coordinator(args, n, tmp):
     cfg = os.path.join(tmp, "cluster.ini")
     with open(cfg, "w") as f:
         f.write("[cluster]\nmodel = %s\nkv_blocks = 256\n" % args.model)
-    port = free_port()
-    addr = "127.0.0.1:%d" % port
+    addr = "127.0.0.1:%d" % free_port()
     log = os.path.join(tmp, "coordinator.log")
     env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
     coord = subprocess.Popen([args.coordinator, "--live", "--config", cfg, "--listen", "127.0.0.1:%d" % free_port(),
                               "--grpc-listen", addr, "--state", os.path.join(tmp, "state.json"),
                               "--min-workers", str(10 * n + 1)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                              env=env)
+    return coord, addr, log
+
+
+def stop(proc, timeout=30):
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def one_python(args, n, grpc, pb, pbg, pydir, sha):
+    tmp = tempfile.mkdtemp(prefix="strata-scale-")
+    coord, addr, log = start_coordinator(args, n, tmp)
     chan = grpc.insecure_channel(addr)
     stub = pbg.ControlStub(chan)
     sims = []
@@ -91,7 +117,7 @@ def one(args, n, grpc, pb, pbg, pydir, sha):
             return sum(1 for x in nodes if x.state == pb.NODE_STATE_READY)
         ok = wait_for(lambda: ready() == n, args.cold_max, 0.2)
         t_ready = time.time()
-        row["cold_s"] = t_ready - t0 if ok else float("nan")
+        row["cold_s"] = t_ready - t0 if ok else None
         time.sleep(args.settle)
         c0, w0 = cpu_ticks(coord.pid), time.time()
         row["load1"] = os.getloadavg()[0]
@@ -143,16 +169,67 @@ def one(args, n, grpc, pb, pbg, pydir, sha):
                 p.kill()
                 p.wait()
         chan.close()
-        coord.terminate()
-        try:
-            coord.wait(30)
-        except subprocess.TimeoutExpired:
-            coord.kill()
-            coord.wait()
+        stop(coord)
         if args.keep:
             print("kept %s" % tmp, file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def one_c(args, n, grpc, pb, pbg):
+    """One row with strata-fleet-sim: it measures the heartbeats, the cold
+    start and both processes' CPU itself (--coordinator-pid); this times
+    `stratactl nodes` in its window and counts the log's suspects."""
+    tmp = tempfile.mkdtemp(prefix="strata-scale-")
+    coord, addr, log = start_coordinator(args, n, tmp)
+    chan = grpc.insecure_channel(addr)
+    stub = pbg.ControlStub(chan)
+    sim = None
+    row = {"n": n}
+    try:
+        if not wait_for(lambda: stub.GetStatus(pb.GetStatusRequest(), timeout=2) is not None, 60, 0.1):
+            raise RuntimeError("the coordinator did not start: %s" % open(log).read()[-500:])
+        chan.close()
+        sim = subprocess.Popen([args.fleet_sim, "--addr", addr, "--model", args.model, "-n", str(n),
+                                "--threads", str(args.threads), "--settle", str(args.settle),
+                                "--window", str(args.window), "--cold-max", str(args.cold_max),
+                                "--coordinator-pid", str(coord.pid)] + (["--load"] if args.load else []) +
+                               (["--shared-connections"] if args.shared_connections else []),
+                               stdout=subprocess.PIPE, text=True)
+        lat, text, result = [], "", None
+        for line in sim.stdout:
+            ev = json.loads(line)
+            if ev.get("event") == "window":
+                w0 = time.time()
+                for _ in range(3):
+                    t = time.time()
+                    subprocess.run([args.stratactl, "--addr", addr, "nodes"], stdout=subprocess.DEVNULL, timeout=60)
+                    lat.append(time.time() - t)
+                    time.sleep(max(0.0, min(args.window / 4.0, w0 + args.window - time.time() - 0.5)))
+            elif ev.get("event") == "window_end":
+                text = open(log, errors="replace").read()  # then the simulators stop (and would go suspect)
+            elif "event" not in ev:
+                result = ev
+        sim.wait()
+        if result is None:
+            raise RuntimeError("strata-fleet-sim exited %d without a report" % sim.returncode)
+        row.update(result)
+        row["nodes_ms"] = 1000 * statistics.median(lat) if lat else float("nan")
+        row["suspects"] = len(re.findall(r"registry: \S+ is (?:suspect|dead)", text))
+        return row
+    finally:
+        if sim:
+            stop(sim)
+        chan.close()
+        stop(coord)
+        if args.keep:
+            print("kept %s" % tmp, file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fmt(v, spec):
+    return spec % v if isinstance(v, (int, float)) else "%*s" % (len(spec % 0.0), "-")
 
 
 def main():
@@ -162,6 +239,10 @@ def main():
     ap.add_argument("--proto", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--sizes", default="1000,5000,10000")
+    ap.add_argument("--sim", choices=["c", "python"], default="c")
+    ap.add_argument("--fleet-sim", help="strata-fleet-sim (--sim c)")
+    ap.add_argument("--threads", type=int, default=2, help="--sim c: the simulator's completion-queue threads")
+    ap.add_argument("--load", action="store_true", help="--sim c: heartbeats carry load reports")
     ap.add_argument("--per-proc", type=int, default=2500)
     ap.add_argument("--window", type=float, default=15.0)
     ap.add_argument("--settle", type=float, default=3.0)
@@ -171,27 +252,35 @@ def main():
                     help="the simulated workers of one process share gRPC connections (default: one each, as "
                          "the daemons); a small machine can then drive more of them")
     args = ap.parse_args()
+    if args.sim == "c" and not args.fleet_sim:
+        ap.error("--sim c needs --fleet-sim")
     pydir = tempfile.mkdtemp(prefix="strata-scale-py-")
     grpc, pb, pbg = control_stubs(args.proto, pydir)
     sha = fleet_sim.model_sha256(args.model)
-    print("load average at start: %.2f %.2f %.2f (%d CPUs; the simulators share them with the coordinator)"
-          % (os.getloadavg() + (os.cpu_count(),)), flush=True)
-    print("%6s %6s %7s %9s %9s %7s %12s %11s %9s %9s" % ("N", "cpu%", "rss MB", "hb p50ms", "hb p99ms", "cold s",
-                                                       "cold hb p99", "misses r/h", "suspects", "nodes ms"),
+    print("load average at start: %.2f %.2f %.2f (%d CPUs; the simulators share them with the coordinator); "
+          "simulator: %s" % (os.getloadavg() + (os.cpu_count(), "strata-fleet-sim" if args.sim == "c" else "fleet_sim.py")),
           flush=True)
+    print("%6s %6s %7s %9s %9s %9s %7s %12s %11s %9s %9s %8s" % (
+        "N", "cpu%", "rss MB", "hb p50ms", "hb p99ms", "hb max", "cold s", "cold hb p99", "misses r/h", "suspects",
+        "nodes ms", "sim cpu%"), flush=True)
     for n in [int(x) for x in args.sizes.split(",")]:
         try:
-            r = one(args, n, grpc, pb, pbg, pydir, sha)
+            r = one_c(args, n, grpc, pb, pbg) if args.sim == "c" else one_python(args, n, grpc, pb, pbg, pydir, sha)
         except Exception as e:  # noqa: BLE001 (a size this machine cannot simulate is reported, not fatal)
             print("%6d failed: %r" % (n, e), flush=True)
             continue
-        print("%6d %6.1f %7.1f %9.2f %9.2f %7.2f %12.2f %5d/%-5d %9d %9.1f" % (
-            n, r["cpu_pct"], r["rss_mb"], r["hb_p50_ms"], r["hb_p99_ms"], r["cold_s"], r["cold_hb_p99_ms"],
-            r["reg_misses"],
-            r["hb_misses"], r["suspects"] + r["reregisters"], r["nodes_ms"]), flush=True)
-        if r["lost_sims"]:
+        print("%6d %s %s %s %s %s %s %s %5d/%-5d %9d %s %s" % (
+            n, fmt(r.get("cpu_pct"), "%6.1f"), fmt(r.get("rss_mb"), "%7.1f"), fmt(r.get("hb_p50_ms"), "%9.2f"),
+            fmt(r.get("hb_p99_ms"), "%9.2f"), fmt(r.get("hb_max_ms"), "%9.1f"), fmt(r.get("cold_s"), "%7.2f"),
+            fmt(r.get("cold_hb_p99_ms"), "%12.2f"), r["reg_misses"], r["hb_misses"],
+            r["suspects"] + r["reregisters"], fmt(r.get("nodes_ms"), "%9.1f"), fmt(r.get("sim_cpu_pct"), "%8.1f")),
+            flush=True)
+        if r.get("lost_sims"):
             print("       (%d simulator process(es) hung and were killed: their workers are not in the "
                   "figures)" % r["lost_sims"], flush=True)
+        if r.get("cold_s") is None:
+            print("       (no cold start within --cold-max: %s of %d registered; the window ran anyway)"
+                  % (r.get("registered"), n), flush=True)
         print("       " + json.dumps(r), file=sys.stderr, flush=True)
     shutil.rmtree(pydir, ignore_errors=True)
 

@@ -23,7 +23,6 @@
 #include "rpc/grpc_client.h"
 
 #define SVC "/strata.v1.Control/"
-#define CALL_TIMEOUT_S 2.0
 #define COORD_MAX 8 /* --coordinator a,b,...: a leader and its standbys */
 
 typedef struct model_info {
@@ -87,7 +86,7 @@ int reg_file_sha256(const char *path, char hex[65], uint64_t *size, st_err *err)
 
 /* ---------------------------------------------------------------- host resources */
 
-static uint64_t host_memory(void)
+uint64_t reg_host_memory(void)
 {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;
@@ -99,7 +98,7 @@ static uint64_t host_memory(void)
     return (uint64_t)kb * 1024;
 }
 
-static uint32_t numa_nodes(void)
+uint32_t reg_numa_nodes(void)
 {
     DIR *d = opendir("/sys/devices/system/node");
     if (!d) return 1;
@@ -122,7 +121,7 @@ static int unary(rpc_client *c, const char *method, const ProtobufCMessage *req,
     protobuf_c_message_pack(req, buf);
     uint8_t *rep = NULL;
     size_t rlen = 0;
-    int rc = rpc_client_unary(c, method, buf, len, CALL_TIMEOUT_S, &rep, &rlen, st);
+    int rc = rpc_client_unary(c, method, buf, len, REG_CALL_TIMEOUT_S, &rep, &rlen, st);
     free(buf);
     if (rc != 0) return -1;
     *out = protobuf_c_message_unpack(rd, NULL, rlen, rep);
@@ -140,7 +139,7 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
-    uint64_t mem = r->memory_bytes ? r->memory_bytes : host_memory();
+    uint64_t mem = r->memory_bytes ? r->memory_bytes : reg_host_memory();
     Strata__V1__Device dev = STRATA__V1__DEVICE__INIT;
     dev.kind = "cpu";
     dev.count = (uint32_t)cores;
@@ -230,7 +229,7 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
     q.devices = &devp;
     q.n_devices = 1;
     q.host_memory_bytes = mem;
-    q.numa_nodes = numa_nodes();
+    q.numa_nodes = reg_numa_nodes();
     q.data_address = r->data_address;
     q.models = mfp;
     q.n_models = (size_t)r->n_models;
@@ -372,7 +371,7 @@ static void *reg_main(void *arg)
                 }
                 if (st.code != RPC_UNAVAILABLE && st.code != RPC_DEADLINE_EXCEEDED) {
                     ST_ERROR("registration: Register refused: %s: %s", rpc_code_name(st.code), st.msg);
-                    if (nap(r, 2000)) break;
+                    if (nap(r, REG_RETRY_REFUSED_MS)) break;
                 } else {
                     if (!warned)
                         ST_WARN("registration: coordinator %s: %s%s", r->coordinator, st.msg,
@@ -380,7 +379,7 @@ static void *reg_main(void *arg)
                                         "coordinator's certificate is from --grpc-ca and names this address)"
                                       : "");
                     warned = true;
-                    if (nap(r, 500)) break;
+                    if (nap(r, REG_RETRY_UNREACHABLE_MS)) break;
                 }
                 continue;
             }

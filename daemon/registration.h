@@ -34,6 +34,13 @@
 
 typedef struct reg_client reg_client;
 
+/* Every call's deadline (Register, Heartbeat, Leave), seconds; and the wait
+ * before Register again after a refusal / when the coordinator is
+ * unreachable or timed out, ms. (bench/fleet_sim.c simulates the same.) */
+#define REG_CALL_TIMEOUT_S 2.0
+#define REG_RETRY_REFUSED_MS 2000
+#define REG_RETRY_UNREACHABLE_MS 500
+
 typedef struct reg_opts {
     const char *coordinator;   /* gRPC address "host:port", or several, comma-separated (a leader
                                 * and its standbys: registration.c fail_over) */
@@ -71,6 +78,11 @@ void reg_stop(reg_client *r);
  * re-placed at once (coordinator/control/leave.c). Blocks up to one call
  * deadline (2 s) more. NULL ok. */
 void reg_leave(reg_client *r, const char *reason);
+
+/* What Register reports of the host: MemTotal of /proc/meminfo in bytes (0
+ * when unreadable), and the NUMA nodes of /sys/devices/system/node (>= 1). */
+uint64_t reg_host_memory(void);
+uint32_t reg_numa_nodes(void);
 
 /* sha256 of a file as 64 lowercase hex digits into hex[65] (with the FILE.sha256
  * cache described above). */

@@ -1,6 +1,6 @@
-/* grpc_client.c — the blocking unary / server-streaming gRPC client of
- * grpc_client.h: one channel (plaintext or mutual TLS), one pluck completion
- * queue per call.
+/* grpc_client.c — the gRPC client of grpc_client.h: one channel (plaintext
+ * or mutual TLS); blocking unary / server-streaming calls, one pluck
+ * completion queue per call; asynchronous unary calls on the caller's queue.
  */
 #include "rpc/grpc_client.h"
 #include "rpc/grpc_log.h"
@@ -36,7 +36,7 @@ static grpc_channel_credentials *channel_creds(const rpc_tls *tls, st_err *err) 
     return c;
 }
 
-rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *err) {
+static rpc_client *create(const char *target, const rpc_tls *tls, bool own_connection, st_err *err) {
     if (!target || !*target) {
         st_errf(err, "rpc: empty server address");
         return NULL;
@@ -59,9 +59,11 @@ rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *er
     /* gRPC's default 4 MiB cap on a received message would make ListNodes
      * fail somewhere past 30k nodes (about 120 bytes each); the limit is
      * RPC_CLIENT_MAX_REPLY (grpc_client.h), reported as RESOURCE_EXHAUSTED. */
-    grpc_arg a = {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-                  .value.integer = RPC_CLIENT_MAX_REPLY};
-    grpc_channel_args args = {.num_args = 1, .args = &a};
+    grpc_arg a[2] = {{.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+                      .value.integer = RPC_CLIENT_MAX_REPLY},
+                     {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
+                      .value.integer = 1}};
+    grpc_channel_args args = {.num_args = own_connection ? 2 : 1, .args = a};
     c->ch = grpc_channel_create(target, creds, &args);
     grpc_channel_credentials_release(creds);
     if (!c->ch) {
@@ -72,6 +74,14 @@ rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *er
         return NULL;
     }
     return c;
+}
+
+rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *err) {
+    return create(target, tls, false, err);
+}
+
+rpc_client *rpc_client_create_own(const char *target, const rpc_tls *tls, st_err *err) {
+    return create(target, tls, true, err);
 }
 
 void rpc_client_destroy(rpc_client *c) {
@@ -112,6 +122,8 @@ static uint8_t *bb_to_bytes(grpc_byte_buffer *bb, size_t *len) {
 /* The state of one call, shared by unary and streaming. */
 typedef struct call_ctx {
     grpc_completion_queue *cq;
+    bool own_cq; /* the blocking calls' pluck queue; else the caller's (rpc_client_start) */
+    const char *method;
     grpc_call *call;
     gpr_timespec deadline;
     grpc_metadata_array md_initial, md_trailing;
@@ -120,14 +132,17 @@ typedef struct call_ctx {
     grpc_byte_buffer *recv;
 } call_ctx;
 
+/* cq NULL: a pluck queue of the call's own. */
 static int ctx_open(call_ctx *x, rpc_client *c, const char *method, double timeout_s,
-                    rpc_status *st) {
+                    grpc_completion_queue *cq, rpc_status *st) {
     memset(x, 0, sizeof *x);
+    x->method = method;
     if (!method || method[0] != '/') {
         set_status(st, RPC_INVALID_ARGUMENT, "rpc: bad method name \"%s\"", method ? method : "");
         return -1;
     }
-    x->cq = grpc_completion_queue_create_for_pluck(NULL);
+    x->own_cq = !cq;
+    x->cq = cq ? cq : grpc_completion_queue_create_for_pluck(NULL);
     if (timeout_s > 0) {
         int64_t ms = (int64_t)(timeout_s * 1000.0 + 0.5);
         x->deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
@@ -183,7 +198,7 @@ static int ctx_close(call_ctx *x, rpc_status *st, int rc_if_ok) {
     grpc_slice_unref(x->details);
     grpc_metadata_array_destroy(&x->md_initial);
     grpc_metadata_array_destroy(&x->md_trailing);
-    if (x->cq) {
+    if (x->cq && x->own_cq) {
         grpc_completion_queue_shutdown(x->cq);
         while (grpc_completion_queue_pluck(x->cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
                    .type != GRPC_QUEUE_SHUTDOWN) {
@@ -200,13 +215,9 @@ static grpc_byte_buffer *make_bb(const void *req, size_t len) {
     return bb;
 }
 
-int rpc_client_unary(rpc_client *c, const char *method, const void *req, size_t req_len,
-                     double timeout_s, uint8_t **reply, size_t *reply_len, rpc_status *st) {
-    *reply = NULL;
-    *reply_len = 0;
-    call_ctx x;
-    if (ctx_open(&x, c, method, timeout_s, st) != 0) return ctx_close(&x, NULL, -1);
-    grpc_byte_buffer *bb = make_bb(req, req_len);
+/* The unary call's one batch: send the request, receive the reply and the
+ * status; tag comes back on x->cq when it is over. */
+static grpc_call_error start_unary(call_ctx *x, grpc_byte_buffer *bb, void *tag) {
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -214,15 +225,45 @@ int rpc_client_unary(rpc_client *c, const char *method, const void *req, size_t 
     ops[1].data.send_message.send_message = bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &x.md_initial;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &x->md_initial;
     ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &x.recv;
+    ops[4].data.recv_message.recv_message = &x->recv;
     ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &x.md_trailing;
-    ops[5].data.recv_status_on_client.status = &x.status;
-    ops[5].data.recv_status_on_client.status_details = &x.details;
+    ops[5].data.recv_status_on_client.trailing_metadata = &x->md_trailing;
+    ops[5].data.recv_status_on_client.status = &x->status;
+    ops[5].data.recv_status_on_client.status_details = &x->details;
+    return grpc_call_start_batch(x->call, ops, 6, tag, NULL);
+}
+
+/* The outcome of a unary call that is over; closes x. */
+static int unary_result(call_ctx *x, uint8_t **reply, size_t *reply_len, rpc_status *st) {
+    int ok = -1;
+    if (x->status == GRPC_STATUS_OK) {
+        if (!x->recv) {
+            set_status(st, RPC_INTERNAL, "rpc: %s: OK without a reply message", x->method);
+            ctx_close(x, NULL, -1);
+            return -1;
+        }
+        *reply = bb_to_bytes(x->recv, reply_len);
+        if (!*reply) {
+            set_status(st, RPC_INTERNAL, "rpc: %s: cannot read the reply", x->method);
+            ctx_close(x, NULL, -1);
+            return -1;
+        }
+        ok = 0;
+    }
+    return ctx_close(x, st, ok);
+}
+
+int rpc_client_unary(rpc_client *c, const char *method, const void *req, size_t req_len,
+                     double timeout_s, uint8_t **reply, size_t *reply_len, rpc_status *st) {
+    *reply = NULL;
+    *reply_len = 0;
+    call_ctx x;
+    if (ctx_open(&x, c, method, timeout_s, NULL, st) != 0) return ctx_close(&x, NULL, -1);
+    grpc_byte_buffer *bb = make_bb(req, req_len);
     int tag = 1;
-    grpc_call_error e = grpc_call_start_batch(x.call, ops, 6, &tag, NULL);
+    grpc_call_error e = start_unary(&x, bb, &tag);
     if (e != GRPC_CALL_OK) {
         grpc_byte_buffer_destroy(bb);
         set_status(st, RPC_INTERNAL, "rpc: %s: cannot start the call (%d)", method, (int)e);
@@ -231,28 +272,55 @@ int rpc_client_unary(rpc_client *c, const char *method, const void *req, size_t 
     }
     ctx_wait(&x, &tag, NULL);
     grpc_byte_buffer_destroy(bb);
-    int ok = -1;
-    if (x.status == GRPC_STATUS_OK) {
-        if (!x.recv) {
-            set_status(st, RPC_INTERNAL, "rpc: %s: OK without a reply message", method);
-            ctx_close(&x, NULL, -1);
-            return -1;
-        }
-        *reply = bb_to_bytes(x.recv, reply_len);
-        if (!*reply) {
-            set_status(st, RPC_INTERNAL, "rpc: %s: cannot read the reply", method);
-            ctx_close(&x, NULL, -1);
-            return -1;
-        }
-        ok = 0;
+    return unary_result(&x, reply, reply_len, st);
+}
+
+struct rpc_async {
+    call_ctx x;
+    grpc_byte_buffer *bb; /* the request: the core may use it until the call is over */
+};
+
+rpc_async *rpc_client_start(rpc_client *c, grpc_completion_queue *cq, const char *method,
+                            const void *req, size_t req_len, double timeout_s, void *tag, rpc_status *st) {
+    rpc_async *a = malloc(sizeof *a);
+    if (!a) {
+        set_status(st, RPC_RESOURCE_EXHAUSTED, "rpc: out of memory");
+        return NULL;
     }
-    return ctx_close(&x, st, ok);
+    if (ctx_open(&a->x, c, method, timeout_s, cq, st) != 0) {
+        ctx_close(&a->x, NULL, -1);
+        free(a);
+        return NULL;
+    }
+    a->bb = make_bb(req, req_len);
+    grpc_call_error e = start_unary(&a->x, a->bb, tag);
+    if (e != GRPC_CALL_OK) {
+        set_status(st, RPC_INTERNAL, "rpc: %s: cannot start the call (%d)", method, (int)e);
+        grpc_byte_buffer_destroy(a->bb);
+        ctx_close(&a->x, NULL, -1);
+        free(a);
+        return NULL;
+    }
+    return a;
+}
+
+int rpc_async_finish(rpc_async *a, uint8_t **reply, size_t *reply_len, rpc_status *st) {
+    *reply = NULL;
+    *reply_len = 0;
+    grpc_byte_buffer_destroy(a->bb);
+    int rc = unary_result(&a->x, reply, reply_len, st);
+    free(a);
+    return rc;
+}
+
+void rpc_async_cancel(rpc_async *a) {
+    grpc_call_cancel(a->x.call, NULL);
 }
 
 int rpc_client_stream(rpc_client *c, const char *method, const void *req, size_t req_len,
                       double timeout_s, rpc_stream_fn on_msg, void *ud, rpc_status *st) {
     call_ctx x;
-    if (ctx_open(&x, c, method, timeout_s, st) != 0) return ctx_close(&x, NULL, -1);
+    if (ctx_open(&x, c, method, timeout_s, NULL, st) != 0) return ctx_close(&x, NULL, -1);
     grpc_byte_buffer *bb = make_bb(req, req_len);
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);

@@ -4,7 +4,9 @@
  *
  * Messages are bytes: encode and decode them with protobuf-c in the caller.
  * Each call blocks the calling thread until the call is over (it plucks its
- * own completion queue). One rpc_client may be used by several threads at
+ * own completion queue); rpc_client_start runs a unary call asynchronously on
+ * the caller's queue instead (one thread driving many channels: the fleet
+ * simulator, bench/fleet_sim.c). One rpc_client may be used by several threads at
  * once (the gRPC channel is thread-safe; every call has its own queue).
  *
  * Status: every call returns 0 when the server answered OK, -1 otherwise, and
@@ -39,6 +41,11 @@ typedef struct rpc_client rpc_client;
  * alternative name), and tls->cert / tls->key are our identity. NULL with a
  * message on a bad target or a wrong TLS file (rpc_tls_load). */
 rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *err);
+/* As rpc_client_create, with a TCP connection of its own: gRPC otherwise
+ * shares one connection among a process's channels to the same target (its
+ * global subchannel pool), so that a process standing for many nodes would
+ * open one connection for all of them. */
+rpc_client *rpc_client_create_own(const char *target, const rpc_tls *tls, st_err *err);
 /* Closes the channel. NULL is a no-op. */
 void rpc_client_destroy(rpc_client *c);
 
@@ -58,5 +65,24 @@ typedef int (*rpc_stream_fn)(const uint8_t *msg, size_t len, void *ud);
  * message until the server finishes; the final status goes to st. */
 int rpc_client_stream(rpc_client *c, const char *method, const void *req, size_t req_len,
                       double timeout_s, rpc_stream_fn on_msg, void *ud, rpc_status *st);
+
+/* ---- asynchronous unary calls ---- */
+
+struct grpc_completion_queue;
+typedef struct rpc_async rpc_async; /* one call in flight */
+
+/* Starts one unary call as rpc_client_unary does, on cq, a completion queue
+ * of the caller's (grpc_completion_queue_create_for_next), which returns tag
+ * once the call is over (success or not, deadline included). method must
+ * stay valid until rpc_async_finish (a string literal). NULL with st filled
+ * when the call cannot start (then nothing comes back on cq). */
+rpc_async *rpc_client_start(rpc_client *c, struct grpc_completion_queue *cq, const char *method,
+                            const void *req, size_t req_len, double timeout_s, void *tag, rpc_status *st);
+/* After cq returned the call's tag: the call's outcome as rpc_client_unary
+ * gives it (0 and *reply on OK, -1 and st otherwise). Frees a. */
+int rpc_async_finish(rpc_async *a, uint8_t **reply, size_t *reply_len, rpc_status *st);
+/* Cancels a call in flight (it ends with CANCELLED; its tag still comes
+ * back and it still needs rpc_async_finish). */
+void rpc_async_cancel(rpc_async *a);
 
 #endif

@@ -16,12 +16,18 @@ strata-coordinator --live on loopback.
   fdlimit  the coordinator under an open-file hard limit of 256 and 300
            simulated workers: the limit is reported at start and when the
            live nodes reach it; the coordinator keeps serving, and exits 0.
+  sim      bench's C load generator strata-fleet-sim (bench/fleet_sim.c)
+           with 200 workers: one connection each, all registered and ready
+           in ListNodes with their load reports, every heartbeat sent
+           answered, no suspect; its bad input and a too-low open-file limit
+           get clear errors.
 
 Runs under /usr/bin/python3 (python3-grpcio).
 """
 import argparse
 import asyncio
 import http.client
+import json
 import os
 import re
 import resource
@@ -350,9 +356,100 @@ def mode_fdlimit(args):
         finish(co, [sim])
 
 
+def mode_sim(args):
+    """strata-fleet-sim (the C load generator of bench/control_scale.sh)
+    against a real coordinator: its counts are checked against the
+    coordinator's own view (ListNodes, its sockets, its log)."""
+    N = int(os.environ.get("FLEET_SIM_N", "200"))
+    co = Coord(args, ["--heartbeat-ms", "1000", "--dead-after-ms", "10000", "--min-workers", "100000"])
+    sim = None
+    try:
+        check(co.up(), "coordinator answers GetStatus")
+
+        def run(argv, nofile=None):
+            return subprocess.run([args.fleet_sim] + argv, capture_output=True, text=True, timeout=60,
+                                  preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
+                                  if nofile else None)
+        base = ["--addr", co.grpc_addr, "--model", co.model]
+        for argv, rc, want in [([], 2, "--addr and --model are required"),
+                               (base + ["-n", "0"], 2, "-n: expected an integer in [1, 1000000], got '0'"),
+                               (base + ["-n", "12x"], 2, "-n: expected an integer in [1, 1000000], got '12x'"),
+                               (base + ["--sha", "ABC"], 2, "--sha: 64 lowercase hex digits"),
+                               (base + ["--ca", "/x"], 2, "--cert"),
+                               (base + ["--bogus"], 2, "unknown or incomplete option '--bogus'"),
+                               (["--addr", co.grpc_addr, "--model", "/nonexistent/m.gguf"], 1, "/nonexistent/m.gguf")]:
+            p = run(argv)
+            check(p.returncode == rc and want in p.stderr and not p.stdout,
+                  "strata-fleet-sim %s: exit %d with %r (%d: %s)" % (argv[4:] or argv, rc, want, p.returncode,
+                                                                    p.stderr.strip()[-300:]))
+        p = run(base + ["-n", "1000"], nofile=256)
+        check(p.returncode == 2 and "1000 simulated workers need about 1072 open files" in p.stderr and
+              "hard limit 256" in p.stderr,
+              "an open-file hard limit below what N needs is refused before any connection (%d: %s)"
+              % (p.returncode, p.stderr.strip()[-300:]))
+        check(len(co.nodes()) == 0, "the refused runs registered nothing")
+
+        sim = subprocess.Popen([args.fleet_sim] + base + ["-n", str(N), "--settle", "1", "--window", "4",
+                                                          "--cold-max", "90", "--load",
+                                                          "--coordinator-pid", str(co.proc.pid)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        events = []
+        for line in sim.stdout:
+            events.append(json.loads(line))
+            if events[-1].get("event") == "window":
+                break
+        check([e.get("event") for e in events] == ["listed", "window"],
+              "the simulator reports the cold start, then opens its window: %s" % events)
+        if events and events[0].get("event") == "listed":
+            check(events[0]["ready"] == N, "all %d listed ready at the cold start (%s)" % (N, events[0]))
+        socks = sum(1 for fd in os.listdir("/proc/%d/fd" % co.proc.pid)
+                    if os.readlink("/proc/%d/fd/%s" % (co.proc.pid, fd)).startswith("socket:"))
+        check(socks >= N, "one connection per simulated worker: the coordinator holds %d sockets for %d workers"
+              % (socks, N))
+        nodes = [n for n in co.nodes() if n.name.startswith("sim-")]
+        check(sorted(n.name for n in nodes) == ["sim-%05d" % i for i in range(N)],
+              "ListNodes lists sim-00000..sim-%05d (%d)" % (N - 1, len(nodes)))
+        check(all(n.state == pb.NODE_STATE_READY for n in nodes),
+              "all ready (%d not)" % sum(n.state != pb.NODE_STATE_READY for n in nodes))
+        check(all(n.devices[0].kind == "cpu" and n.devices[0].count >= 1 and n.host_memory_bytes > 0 and
+                  n.devices[0].memory_bytes == n.host_memory_bytes // n.devices[0].count for n in nodes),
+              "each registered a CPU device as the daemon does (memory per core = host memory / cores)")
+        check(all(n.kv_blocks_used + n.kv_blocks_free == 4096 for n in nodes),
+              "the heartbeats' load reports arrived (kv blocks used + free = 4096 on every node)")
+        out, err = sim.communicate(timeout=120)
+        check(sim.returncode == 0, "the simulator exits 0 (%d): %s" % (sim.returncode, err[-500:]))
+        r = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        print("strata-fleet-sim: %s" % json.dumps(r))
+        check(r.get("n") == N and r.get("registered") == N and r.get("reg_ok") == N,
+              "every simulated worker registered once (%s/%s of %d)" % (r.get("registered"), r.get("reg_ok"), N))
+        check(r.get("reg_misses") == 0 and r.get("errors") == 0 and r.get("reregisters") == 0,
+              "no Register missed its deadline, no error, no lease lost (%s, %s, %s; %s)"
+              % (r.get("reg_misses"), r.get("errors"), r.get("reregisters"), r.get("first_error")))
+        check(r.get("hb_sent", 0) >= N and r.get("hb_ok") == r.get("hb_sent") and r.get("hb_misses") == 0,
+              "every heartbeat sent was answered (%s sent, %s answered, %s missed)"
+              % (r.get("hb_sent"), r.get("hb_ok"), r.get("hb_misses")))
+        check(r.get("hb_samples", 0) > 0 and r.get("hb_p50_ms") is not None and r.get("cold_s") is not None,
+              "the window has heartbeat samples and the cold start a time (%s, %s)"
+              % (r.get("hb_samples"), r.get("cold_s")))
+        check(r.get("listed") == N and r.get("listed_ready") == N and r.get("listed_suspect") == 0 and
+              r.get("listed_dead") == 0, "the final ListNodes: %s of %d ready, %s suspect, %s dead"
+              % (r.get("listed_ready"), N, r.get("listed_suspect"), r.get("listed_dead")))
+        check(r.get("cpu_pct") is not None and r.get("sim_cpu_pct") is not None,
+              "the coordinator's and the simulator's CPU are measured (%s, %s)" % (r.get("cpu_pct"), r.get("sim_cpu_pct")))
+        text = co.log_text()
+        bad = re.findall(r"registry: (\S+) is (?:suspect|dead)", text)
+        check(not bad, "the coordinator declared no simulated worker suspect or dead (%s)" % bad[:5])
+    finally:
+        if sim and sim.poll() is None:
+            sim.kill()
+            sim.wait()
+        finish(co, [])
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["scale", "journal", "restart", "remove", "fdlimit"])
+    ap.add_argument("mode", choices=["scale", "journal", "restart", "remove", "fdlimit", "sim"])
+    ap.add_argument("--fleet-sim", help="bench's strata-fleet-sim (mode sim)")
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--stratactl")
     ap.add_argument("--proto", required=True)
@@ -362,7 +459,7 @@ def main():
     global grpc, pb, pbg
     grpc, pb, pbg = control_stubs(args.proto, os.path.join(args.workdir, "fleet_py_" + args.mode))
     {"scale": mode_scale, "journal": mode_journal, "restart": mode_restart, "remove": mode_remove,
-     "fdlimit": mode_fdlimit}[args.mode](args)
+     "fdlimit": mode_fdlimit, "sim": mode_sim}[args.mode](args)
     print("FAILED: %d check(s)" % len(FAILS) if FAILS else "all checks passed")
     sys.exit(1 if FAILS else 0)
 

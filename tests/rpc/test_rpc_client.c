@@ -3,7 +3,8 @@
  * process and checks unary round trips with protobuf-c messages, a server
  * stream of N chunks in order, deadlines, UNIMPLEMENTED, INVALID_ARGUMENT for
  * garbage bytes, application errors, UNAVAILABLE, client-side cancellation,
- * concurrent streams, and a clean server exit (status 0, so no ASan/LSan
+ * concurrent streams, asynchronous unary calls on a completion queue of the
+ * test's (rpc_client_start), and a clean server exit (status 0, so no ASan/LSan
  * report) with a stream still open.
  */
 #include <errno.h>
@@ -16,6 +17,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <grpc/grpc.h>
+#include <grpc/support/time.h>
 
 #include "proto/control.pb-c.h"
 #include "rpc/grpc_client.h"
@@ -179,6 +183,115 @@ static void *gen_thread(void *p) {
     thr_arg *a = p;
     a->rc = generate(a->c, "hello there", a->n, 30.0, &a->g, &a->st);
     return NULL;
+}
+
+/* Waits for one tag on cq (20 s at most); NULL on a timeout. */
+static void *next_tag(grpc_completion_queue *cq) {
+    grpc_event ev = grpc_completion_queue_next(
+        cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(20, GPR_TIMESPAN)), NULL);
+    return ev.type == GRPC_OP_COMPLETE ? ev.tag : NULL;
+}
+
+static void async_calls(const char *addr) {
+    st_err err;
+    grpc_init();
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    enum { K = 3 };
+    rpc_client *cl[K];
+    rpc_async *a[K];
+    int tags[K];
+    char names[K][32];
+    for (int i = 0; i < K; i++) {
+        REQUIRE((cl[i] = rpc_client_create_own(addr, NULL, &err)) != NULL);
+        snprintf(names[i], sizeof names[i], "async-%d", i);
+        Strata__V1__Device dev = STRATA__V1__DEVICE__INIT, *devs[] = {&dev};
+        dev.kind = "cpu";
+        dev.count = 4;
+        dev.memory_bytes = 1ull << 30;
+        Strata__V1__RegisterRequest r = STRATA__V1__REGISTER_REQUEST__INIT;
+        r.node = names[i];
+        r.devices = devs;
+        r.n_devices = 1;
+        r.data_address = "127.0.0.1:7100";
+        uint8_t buf[256];
+        size_t len = strata__v1__register_request__pack(&r, buf);
+        rpc_status st;
+        tags[i] = i;
+        a[i] = rpc_client_start(cl[i], cq, SVC "Register", buf, len, 10.0, &tags[i], &st);
+        CHECK_MSG(a[i] != NULL, "start: %s", st.msg);
+    }
+    uint64_t lease[K] = {0};
+    for (int n = 0; n < K; n++) { /* in any order */
+        int *tag = next_tag(cq);
+        REQUIRE(tag != NULL && *tag >= 0 && *tag < K && a[*tag]);
+        uint8_t *rep;
+        size_t rlen;
+        rpc_status st;
+        CHECK_EQ_INT(rpc_async_finish(a[*tag], &rep, &rlen, &st), 0);
+        a[*tag] = NULL;
+        Strata__V1__RegisterReply *rr = strata__v1__register_reply__unpack(NULL, rlen, rep);
+        CHECK(rr != NULL && rr->lease_id != 0 && rr->heartbeat_interval_ms == 1000);
+        if (rr) {
+            lease[*tag] = rr->lease_id;
+            strata__v1__register_reply__free_unpacked(rr, NULL);
+        }
+        free(rep);
+    }
+    CHECK(lease[0] != lease[1] && lease[1] != lease[2] && lease[0] != lease[2]);
+    /* heartbeats: the right lease, and a wrong one (reregister) */
+    for (int i = 0; i < K; i++) {
+        Strata__V1__HeartbeatRequest hb = STRATA__V1__HEARTBEAT_REQUEST__INIT;
+        hb.node = names[i];
+        hb.lease_id = i == 2 ? lease[i] + 1 : lease[i];
+        uint8_t buf[128];
+        size_t len = strata__v1__heartbeat_request__pack(&hb, buf);
+        rpc_status st;
+        a[i] = rpc_client_start(cl[i], cq, SVC "Heartbeat", buf, len, 10.0, &tags[i], &st);
+        CHECK(a[i] != NULL);
+    }
+    for (int n = 0; n < K; n++) {
+        int *tag = next_tag(cq);
+        REQUIRE(tag != NULL && a[*tag]);
+        uint8_t *rep;
+        size_t rlen;
+        rpc_status st;
+        CHECK_EQ_INT(rpc_async_finish(a[*tag], &rep, &rlen, &st), 0);
+        a[*tag] = NULL;
+        Strata__V1__HeartbeatReply *hr = strata__v1__heartbeat_reply__unpack(NULL, rlen, rep);
+        REQUIRE(hr != NULL);
+        CHECK_EQ_INT(hr->reregister, *tag == 2);
+        strata__v1__heartbeat_reply__free_unpacked(hr, NULL);
+        free(rep);
+    }
+    /* an unknown method: UNIMPLEMENTED through the queue; a bad name: refused at start */
+    rpc_status st;
+    int t_unk = 7;
+    rpc_async *u = rpc_client_start(cl[0], cq, SVC "NoSuchMethod", "", 0, 10.0, &t_unk, &st);
+    REQUIRE(u != NULL);
+    CHECK(next_tag(cq) == &t_unk);
+    uint8_t *rep;
+    size_t rlen;
+    CHECK_EQ_INT(rpc_async_finish(u, &rep, &rlen, &st), -1);
+    CHECK_EQ_INT(st.code, RPC_UNIMPLEMENTED);
+    CHECK(rep == NULL);
+    CHECK(rpc_client_start(cl[0], cq, "NoSlash", "", 0, 10.0, &t_unk, &st) == NULL);
+    CHECK_EQ_INT(st.code, RPC_INVALID_ARGUMENT);
+    /* nothing listens on port 1: UNAVAILABLE through the queue */
+    rpc_client *dead = rpc_client_create_own("127.0.0.1:1", NULL, &err);
+    REQUIRE(dead != NULL);
+    int t_dead = 8;
+    rpc_async *d = rpc_client_start(dead, cq, SVC "GetStatus", "", 0, 5.0, &t_dead, &st);
+    REQUIRE(d != NULL);
+    CHECK(next_tag(cq) == &t_dead);
+    CHECK_EQ_INT(rpc_async_finish(d, &rep, &rlen, &st), -1);
+    CHECK_EQ_INT(st.code, RPC_UNAVAILABLE);
+    rpc_client_destroy(dead);
+    for (int i = 0; i < K; i++) rpc_client_destroy(cl[i]);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cq);
+    grpc_shutdown();
 }
 
 int main(int argc, char **argv) {
@@ -408,6 +521,12 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(st.code, RPC_UNAVAILABLE);
     CHECK_MSG(now_s() - t0 < 4.0, "UNAVAILABLE took %.2f s", now_s() - t0);
     rpc_client_destroy(dead);
+
+    /* 6b. Asynchronous unary calls on one completion queue of ours
+     * (rpc_client_start, as bench/fleet_sim.c drives thousands): three
+     * clients with a connection each register and heartbeat; an unknown
+     * method, a bad method name and an unreachable server. */
+    async_calls(addr);
 
     /* 7. Stop the server while a stream is open: the client gets an error
      * status, the server exits 0 (clean under ASan/LSan). */
