@@ -32,12 +32,17 @@
 #     both are one-way; on a shared machine means follow preemptions).
 #     Before that, where the hop's time goes: the cluster runs with
 #     STRATA_HOP_TRACE (common/hop_trace.h) and bench/hop_breakdown.py splits
-#     each batch's hops into wake-up, receive, hand-off and send.
+#     each batch's hops into wake-up, receive, hand-off and send. Unless
+#     STRATA_XPORT_POLL_US=0, the 1-sequence run is repeated with it 0
+#     (adaptive polling off), and both per-hop figures are printed.
 # --hop-only: only the cluster's 1-sequence run and part 3.
 # Release build (default build/, made with cmake if needed). UCX_TLS=tcp and
 # UCX_NET_DEVICES=lo unless set (everything runs on 127.0.0.1; another
 # interface, e.g. a test's veth, would only add lanes that may not connect).
-# STRATA_XPORT_POLL_US passes through to the cluster (docs/protocol.md, "Polling").
+# STRATA_XPORT_POLL_US passes through to the cluster (docs/protocol.md, "Polling";
+# unset: adaptive polling with spins of at most 1000 us, 0: off); part 3 also
+# prints strata-bench-xport's one-way latency after a 40 ms idle gap (a
+# pipeline's) with the polling on and off, alternating in one run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -158,7 +163,7 @@ fi
 n_embd=$("$build/cli/strata-gguf" inspect "$model" | sed -n 's/.*embedding_length = \([0-9]*\).*/\1/p')
 act_bytes=$((n_embd * 4))
 echo "# model $model (n_embd $n_embd), $gen generated tokens, UCX_TLS=$UCX_TLS, $(nproc) CPUs," \
-     "STRATA_XPORT_POLL_US=${STRATA_XPORT_POLL_US:-0}, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+     "STRATA_XPORT_POLL_US=${STRATA_XPORT_POLL_US:-unset (default 1000)}, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ "$hop_only" = 0 ]; then
 echo "## single process (strata-bench, 2 threads)"
@@ -182,8 +187,13 @@ fi
 # Each bench-1b worker gets both cores by default: with one sequence only one
 # stage computes at a time, so a worker limited to 1 thread would stream its
 # weights at one core's bandwidth. WORKER_THREADS=1 shows that case.
+# One PP 2 cluster: start, measure, stop, split its hops. pp2_run SUFFIX
+# HOP_ONLY (1: the 1-sequence run only); the caller sets STRATA_XPORT_POLL_US.
+pp2_run() {
+local sfx="$1" ho="$2"
 wthreads=${WORKER_THREADS:-2}
-echo "## PP 2 cluster (2 workers x $wthreads threads, TP 1)"
+echo "## PP 2 cluster (2 workers x $wthreads threads, TP 1), STRATA_XPORT_POLL_US=${STRATA_XPORT_POLL_US:-unset (default 1000)}"
+local p0 p1 http win0 win1
 p0=$(free_port); p1=$(free_port); http=$(free_port)
 cat > "$tmp/cluster.ini" <<EOF
 [cluster]
@@ -195,7 +205,7 @@ address = 127.0.0.1:$p0
 [stage.1]
 address = 127.0.0.1:$p1
 EOF
-export STRATA_HOP_TRACE="$tmp/trace"  # written by each process at exit
+export STRATA_HOP_TRACE="$tmp/trace$sfx"  # written by each process at exit
 "$build/daemon/strata-worker" --listen "127.0.0.1:$p0" --threads "$wthreads" --model-dir "$(dirname "$model")" >"$tmp/w0.log" 2>&1 & pids+=($!)
 "$build/daemon/strata-worker" --listen "127.0.0.1:$p1" --threads "$wthreads" --model-dir "$(dirname "$model")" >"$tmp/w1.log" 2>&1 & pids+=($!)
 "$build/coordinator/strata-coordinator" --config "$tmp/cluster.ini" --ready-timeout 600 \
@@ -206,7 +216,7 @@ for _ in $(seq 6000); do
   kill -0 "${pids[2]}" 2>/dev/null || { tail "$tmp/c.log"; exit 1; }
   sleep 0.1
 done
-/usr/bin/python3 - "$http" "$gen" "$hop_only" "$tmp/hop_us" "$tmp/window" <<'EOF'
+/usr/bin/python3 - "$http" "$gen" "$ho" "$tmp/hop_us$sfx" "$tmp/window$sfx" <<'EOF'
 import http.client, json, sys, threading, time
 port, gen, hop_only, hop_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 window_file = sys.argv[5]
@@ -275,10 +285,20 @@ EOF
 for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
 for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 pids=()
-read -r win0 win1 < "$tmp/window" 2>/dev/null && /usr/bin/python3 "$root/bench/hop_breakdown.py" "$tmp/trace" "$win0" "$win1" || true
+read -r win0 win1 < "$tmp/window$sfx" 2>/dev/null && /usr/bin/python3 "$root/bench/hop_breakdown.py" "$tmp/trace$sfx" "$win0" "$win1" || true
+}
+pp2_run "" "$hop_only"
+# The same 1-sequence run with polling off, unless it was off already: the
+# hop with and without adaptive polling, from one run of this script.
+if [ "${STRATA_XPORT_POLL_US:-}" != 0 ]; then
+  poll_saved="${STRATA_XPORT_POLL_US-__unset__}"
+  export STRATA_XPORT_POLL_US=0
+  pp2_run "_off" 1
+  if [ "$poll_saved" = __unset__ ]; then unset STRATA_XPORT_POLL_US; else export STRATA_XPORT_POLL_US="$poll_saved"; fi
+fi
 
 echo "## one-hop latency at the activation size ($act_bytes B per token)"
-"$build/bench/strata-bench-xport" 2>/dev/null | grep -Ei "latency|bytes|^ *[0-9]" | head -12 || true
+"$build/bench/strata-bench-xport" --gap-ms 40 2>/dev/null | grep -Ei "latency|bytes|gap|^ *[0-9]" | head -14 || true
 port=$(free_port)
 ucx_perftest -t ucp_am_lat -s "$act_bytes" -n 2000 -w 200 -p "$port" >/dev/null 2>&1 & pids+=($!)
 sleep 1
@@ -296,9 +316,10 @@ perf_med=$(awk '/^Final:/ {print $3}' "$tmp/perftest.txt")
 perf_mean=$(awk '/^Final:/ {print $5}' "$tmp/perftest.txt")
 perf_sleep=$(awk '/^Final:/ {print $3}' "$tmp/perftest_sleep.txt")
 read -r hop_med hop_mean < "$tmp/hop_us" 2>/dev/null || true
+read -r off_med off_mean < "$tmp/hop_us_off" 2>/dev/null || true
 if [ -n "$perf_med" ] && [ -n "${hop_med:-}" ]; then
   awk -v hm="$hop_med" -v ha="$hop_mean" -v pm="$perf_med" -v pa="$perf_mean" -v ps="${perf_sleep:-0}" \
-      -v b="$act_bytes" 'BEGIN {
-    printf "per hop at %d B: cluster median %.1f us (mean %.1f); ucx_perftest ucp_am_lat median %.1f us (mean %.1f), -E sleep median %.1f us; ratio to ucx_perftest %.2fx (medians), %.2fx (means)\n",
-           b, hm, ha, pm, pa, ps, hm / pm, ha / pa }'
+      -v b="$act_bytes" -v om="${off_med:-}" -v oa="${off_mean:-}" -v poll="${STRATA_XPORT_POLL_US:-1000}" 'BEGIN {
+    printf "per hop at %d B: cluster median %.1f us (mean %.1f; STRATA_XPORT_POLL_US=%s)%s; ucx_perftest ucp_am_lat median %.1f us (mean %.1f), -E sleep median %.1f us; ratio to ucx_perftest %.2fx (medians), %.2fx (means)\n",
+           b, hm, ha, poll, om == "" ? "" : sprintf(", polling off %.1f us (mean %.1f)", om, oa), pm, pa, ps, hm / pm, ha / pa }'
 fi

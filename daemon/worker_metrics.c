@@ -25,7 +25,7 @@ typedef struct mirrored {
 
 enum {
     C_BYTES_SENT, C_BYTES_RECV, C_FRAMES_SENT, C_FRAMES_RECV, C_BAD, C_DROPPED, C_FENCED,
-    C_BATCH_ERRORS, C_FORWARDS, C_TOKENS, C_BUSY, N_COUNTERS
+    C_BATCH_ERRORS, C_FORWARDS, C_TOKENS, C_BUSY, C_POLL_SPINS, C_POLL_HITS, C_POLL_SECONDS, N_COUNTERS
 };
 
 struct worker_metrics {
@@ -71,6 +71,9 @@ static void collect(metrics_registry *r, void *ud) {
     mirror(&m->c[C_FRAMES_SENT], (double)xs.frames_sent);
     mirror(&m->c[C_FRAMES_RECV], (double)xs.frames_recv);
     mirror(&m->c[C_BAD], (double)xs.bad_frames);
+    mirror(&m->c[C_POLL_SPINS], (double)xs.poll_spins);
+    mirror(&m->c[C_POLL_HITS], (double)xs.poll_hits);
+    mirror(&m->c[C_POLL_SECONDS], (double)xs.poll_spin_ns * 1e-9);
     mirror(&m->c[C_DROPPED], (double)w->dropped_frames);
     mirror(&m->c[C_FENCED], (double)w->fenced_frames);
     mirror(&m->c[C_BATCH_ERRORS], (double)w->batch_errors);
@@ -165,6 +168,10 @@ static int families(worker_metrics *m, st_err *err) {
         {"strata_worker_forwards_total", "Forwards (micro-batches) run."},
         {"strata_worker_tokens_total", "Tokens run through the stage."},
         {"strata_worker_busy_seconds_total", "Wall time spent inside the stage's forwards."},
+        {"strata_worker_xport_poll_spins_total",
+         "Adaptive polling: spins for an expected frame (STRATA_XPORT_POLL_US; docs/protocol.md)."},
+        {"strata_worker_xport_poll_hits_total", "Of the spins: those that took their frame without a wake-up."},
+        {"strata_worker_xport_poll_cpu_seconds_total", "CPU time the spins took (what the polling costs)."},
     };
     for (int i = 0; i < N_COUNTERS; i++)
         ONE(metrics_counter(m->reg, counters[i].name, counters[i].help, NULL, err), m->c[i].s);

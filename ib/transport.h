@@ -8,11 +8,14 @@
  * nothing here names TCP, so the same code runs over RDMA on IB/RoCE. The wire
  * format is in docs/protocol.md.
  *
- * Idle polling: with STRATA_XPORT_POLL_US=N (0..10000, default 0) the loop
- * thread, once it has nothing left to do, polls the worker for up to N us
- * before it arms the wakeup fd and sleeps: a frame that comes within that
- * window (a reply, the next of a burst) is taken without a wake-up. It costs
- * up to N us of CPU per idle spell; docs/protocol.md, "Polling".
+ * Adaptive polling: the loop learns the gap from the last data frame (batch
+ * id != 0) it sent or delivered to the next data frame's arrival, and spins
+ * on the worker over a window around the expected arrival, woken by a timer
+ * shortly before it, instead of sleeping until the frame wakes it (a wake-up
+ * of an idle CPU costs 100+ us on a VM). At most one spin per gap, of at most
+ * STRATA_XPORT_POLL_US=N us (0..10000; default 1000; 0 = never spin, always
+ * sleep in epoll); xport_stats counts the spins, their CPU time and hits.
+ * docs/protocol.md, "Polling".
  *
  * Threading: single-threaded; every call and every callback happens on the
  * event_base's thread. Callbacks are never called from inside an xport_*
@@ -98,9 +101,11 @@ enum xport_role xport_peer_role(const xport_peer *peer);
 /* "coordinator", "stage" or "unauthenticated". */
 const char *xport_role_name(enum xport_role role);
 
-/* Sets the idle poll (as STRATA_XPORT_POLL_US does; 0 = off). -1 + err
- * outside [0, 10000] us. */
+/* Sets the longest spin (as STRATA_XPORT_POLL_US does; 0 = never spin).
+ * -1 + err outside [0, 10000] us. */
 int xport_set_poll_us(xport *x, long us, st_err *err);
+/* The longest spin now, us (0: polling off). */
+long xport_poll_us(const xport *x);
 
 /* The bound listening port, or 0 without a listener. */
 int xport_port(const xport *x);
@@ -180,7 +185,9 @@ typedef struct xport_stats {
     uint64_t peers_accepted, peers_lost;
     uint64_t unauth_frames;  /* frames dropped from peers that had not authenticated */
     uint64_t auth_failures;  /* handshakes that failed or timed out */
-    uint64_t poll_hits;      /* idle polls that found work before the worker was armed */
+    uint64_t poll_spins;     /* spins run (adaptive polling: at most one per gap between data frames) */
+    uint64_t poll_hits;      /* spins that found work (a frame taken without a wake-up) */
+    uint64_t poll_spin_ns;   /* CPU time the spins took (the loop thread's), ns: what polling costs */
 } xport_stats;
 void xport_get_stats(const xport *x, xport_stats *out);
 

@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <ucp/api/ucp.h>
@@ -34,6 +36,7 @@
 #include "common/hop_trace.h"
 #include "common/log.h"
 #include "common/log_limit.h"
+#include "ib/poll_predict.h"
 
 #define XPORT_AM_FRAME 17
 #define XPORT_AM_AUTH 18            /* handshake messages (docs/protocol.md, "Handshake") */
@@ -53,8 +56,10 @@
 #define XPORT_EAGER_MAX (128u << 10)
 /* on_event: progress / deliver rounds before it yields to the loop */
 #define XPORT_EVENT_ROUNDS 64
-/* STRATA_XPORT_POLL_US: the longest idle poll before the worker is armed */
+/* Adaptive polling (docs/protocol.md, "Polling"). STRATA_XPORT_POLL_US: the
+ * most one spin may last; unset: XPORT_POLL_DEFAULT_US. */
 #define XPORT_POLL_MAX_US 10000
+#define XPORT_POLL_DEFAULT_US 1000
 /* Handshake: one 72-byte message format (docs/protocol.md, "Handshake"). */
 #define AUTH_MAGIC 0x31415453u      /* "STA1" little-endian */
 #define AUTH_MSG_LEN 72             /* magic 4, type 1, role 1, zero 2, nonce 32, mac 32 */
@@ -171,8 +176,19 @@ struct xport {
     st_log_limit unauth_lim, authfail_lim; /* the warnings an outsider can cause: one a second */
     bool in_event; /* on_event is running: kick() only notes the work */
     bool issued;   /* a UCX operation was started since the last progress */
-    uint64_t poll_ns; /* idle poll before arming (STRATA_XPORT_POLL_US; 0: off) */
     uint64_t woke_ns; /* when on_event began (STRATA_HOP_TRACE only) */
+    /* Adaptive polling (docs/protocol.md, "Polling"; ib/poll_predict.h) */
+    uint64_t poll_ns;  /* the most one spin lasts (STRATA_XPORT_POLL_US; 0: never spin) */
+    poll_predict pred;
+    int tfd;           /* timerfd of the next spin */
+    struct event *poll_ev;
+    uint64_t ev_t0;    /* when on_event or the spin began */
+    uint64_t plan_ref; /* pred.ref_ns of the current plan */
+    uint64_t plan_at, plan_end; /* the plan's start (timer) and end; end 0: none, or spent */
+    bool plan_timer;   /* plan_at is on the timerfd (else it runs at once: no lateness sample) */
+    uint64_t spin_from; /* while spinning, after one empty progress: a frame now is caught exactly */
+    bool data_in;       /* a data frame arrived since the spin began */
+    bool resume;        /* the spin was cut by a control frame: it goes on after its delivery */
 };
 
 static bool auth_step(xport *x, xport_peer *p);
@@ -208,6 +224,108 @@ static void kick(xport *x)
     x->issued = true;
     if (x->in_event) return;
     if (x->ev && !x->destroying) event_active(x->ev, EV_READ, 0);
+}
+
+/* ---- adaptive polling (docs/protocol.md, "Polling"; ib/poll_predict.h) ----
+ * Sleeping in epoll until the next data frame costs the wake-up of an idle
+ * CPU after the frame came (on a VM 100+ us) and the cold caches after it.
+ * So the loop spins on ucp_worker_progress over a window around the frame's
+ * expected arrival, woken by a timer just before it: the wake-up happens
+ * before the frame comes. A frame that misses the window is taken by the
+ * usual epoll wake-up. Control frames (batch id 0) neither teach nor move
+ * the plan. */
+
+static void on_event(evutil_socket_t fd, short what, void *arg);
+
+static void timer_set(xport *x, uint64_t at_ns) /* 0: disarm */
+{
+    struct itimerspec its = {.it_value = {.tv_sec = (time_t)(at_ns / 1000000000u),
+                                          .tv_nsec = (long)(at_ns % 1000000000u)}};
+    if (x->tfd >= 0) timerfd_settime(x->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+/* A data frame arrived (on_am, inside progress). */
+static void poll_note_arrival(xport *x)
+{
+    uint64_t now = st_now_ns();
+    pp_note_arrival(&x->pred, now, x->spin_from && x->spin_from < now, x->ev_t0);
+    x->data_in = true;
+}
+
+/* Spins on the worker until progress finds work, the plan's end or poll_ns.
+ * Returns whether it found work; a data frame among it is a hit. */
+static bool poll_spin(xport *x, uint64_t now, uint64_t end)
+{
+    if (end > now + x->poll_ns) end = now + x->poll_ns;
+    struct timespec c0, c1; /* the spin's CPU time: its cost (wall time would count preemptions) */
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    bool hit = false;
+    x->ev_t0 = x->woke_ns = now;
+    x->spin_from = 0;
+    while (now < end) {
+        if (ucp_worker_progress(x->worker)) {
+            hit = true;
+            break;
+        }
+        now = st_now_ns();
+        if (!x->spin_from) x->spin_from = now; /* one empty progress: a frame from now on is caught */
+    }
+    x->spin_from = 0;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    x->stats.poll_spin_ns += (uint64_t)((c1.tv_sec - c0.tv_sec) * 1000000000ll + (c1.tv_nsec - c0.tv_nsec));
+    if (hit && x->data_in) x->stats.poll_hits++;
+    return hit;
+}
+
+/* The loop has nothing left to do and sleeps: plan the spin for the next
+ * data frame (the timer) or run it now (poll_ev, after the loop's other
+ * pending events). */
+static void poll_plan(xport *x)
+{
+    if (x->plan_timer && x->plan_ref != x->pred.ref_ns) { /* a newer gap: the old plan is void */
+        timer_set(x, 0);
+        x->plan_timer = false;
+    }
+    if (x->destroying || !x->poll_ev) return;
+    uint64_t start, end;
+    if (!pp_plan(&x->pred, x->poll_ns, &start, &end)) return;
+    uint64_t now = st_now_ns();
+    x->plan_ref = x->pred.ref_ns;
+    x->plan_at = start;
+    x->plan_end = end;
+    if (now >= end) return; /* late already: the usual wake-up takes it */
+    x->plan_timer = start > now;
+    if (x->plan_timer)
+        timer_set(x, start);
+    else
+        event_active(x->poll_ev, EV_READ, 0);
+}
+
+static void on_poll_timer(evutil_socket_t fd, short what, void *arg)
+{
+    xport *x = arg;
+    uint64_t v;
+    ssize_t n = read(x->tfd, &v, sizeof v); /* reset readiness (EAGAIN when run at once) */
+    (void)n;
+    uint64_t now = st_now_ns();
+    bool timer = x->plan_timer, resumed = x->resume;
+    x->plan_timer = x->resume = false;
+    if (x->plan_ref != x->pred.ref_ns || !x->plan_end || x->destroying) return; /* a newer gap, or spent */
+    if (timer) pp_note_late(&x->pred, x->plan_at, now, x->poll_ns); /* the next plan's lead */
+    if (!resumed) x->stats.poll_spins++;
+    uint64_t end = x->plan_end;
+    x->plan_end = 0; /* spent */
+    x->data_in = false;
+    if (poll_spin(x, now, end)) {
+        if (!x->data_in) x->plan_end = end; /* a control frame: deliver it, then spin on */
+        on_event(-1, 0, x);
+        if (x->plan_end && x->plan_ref == x->pred.ref_ns && !x->destroying) {
+            x->resume = true;
+            event_active(x->poll_ev, EV_READ, 0);
+        }
+        return;
+    }
+    if (ucp_worker_arm(x->worker) == UCS_ERR_BUSY) on_event(-1, 0, x);
 }
 
 static void peer_fail(xport_peer *p, const char *reason)
@@ -472,6 +590,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         }
     }
 
+    if (fh && fh->batch_id) poll_note_arrival(x);
     if (fh && st_hop_trace_on()) { /* common/hop_trace.h */
         st_hop_mark("wake", fh->batch_id, x->woke_ns);
         st_hop_mark("recv", fh->batch_id, st_now_ns());
@@ -689,6 +808,7 @@ static bool drain(xport *x)
             x->stats.frames_recv++;
             x->stats.bytes_recv += bytes;
             if (st_hop_trace_on()) st_hop_mark("deliver", r->hdr->batch_id, st_now_ns());
+            if (r->hdr->batch_id) pp_note_ref(&x->pred, st_now_ns());
             r->delivered = x->cb.on_frame != NULL;
             if (x->cb.on_frame) x->cb.on_frame(p, r->hdr, bytes ? payload : NULL, bytes, x->cb.ud);
             rx_free(x, r);
@@ -744,28 +864,10 @@ static bool drain(xport *x)
  * woken peer often waits for this thread's CPU. Progress is skipped when
  * the previous round neither progressed nor started a UCX operation. After
  * XPORT_EVENT_ROUNDS busy rounds it yields to the loop (kick). */
-/* Nothing left to do: polls the worker for up to x->poll_ns before the
- * caller arms it and sleeps. Returns whether the progress found work. A
- * reply that comes within the window is taken without the wake-up of a
- * sleeping thread (on a VM, tens of us after an idle spell; docs/protocol.md,
- * "Polling"). */
-static bool idle_poll(xport *x)
-{
-    if (!x->poll_ns) return false;
-    uint64_t t0 = st_now_ns();
-    do {
-        if (ucp_worker_progress(x->worker)) {
-            x->stats.poll_hits++;
-            return true;
-        }
-    } while (st_now_ns() - t0 < x->poll_ns);
-    return false;
-}
-
 static void on_event(evutil_socket_t fd, short what, void *arg)
 {
     xport *x = arg;
-    if (st_hop_trace_on()) x->woke_ns = st_now_ns();
+    x->ev_t0 = x->woke_ns = st_now_ns();
     x->in_event = true;
     bool need_progress = true;
     for (int round = 0; round < XPORT_EVENT_ROUNDS; round++) {
@@ -775,7 +877,6 @@ static void on_event(evutil_socket_t fd, short what, void *arg)
         need_progress = n > 0 || x->issued;
         if (n > 0 || did) continue;
         if (x->issued) continue; /* drain started something without delivering: progress it */
-        if (idle_poll(x)) continue; /* progressed: deliver it in the next round */
         ucs_status_t st = ucp_worker_arm(x->worker);
         if (st == UCS_ERR_BUSY) {
             need_progress = true;
@@ -783,6 +884,7 @@ static void on_event(evutil_socket_t fd, short what, void *arg)
         }
         if (st != UCS_OK) ST_WARN("xport: ucp_worker_arm: %s", ucs_status_string(st));
         x->in_event = false;
+        poll_plan(x);
         return;
     }
     x->in_event = false;
@@ -842,6 +944,7 @@ xport *xport_create(struct event_base *base, const char *listen_host, int listen
     }
     x->base = base;
     if (cb) x->cb = *cb;
+    x->tfd = -1;
     x->unauth_lim = (st_log_limit)ST_LOG_LIMIT_INIT(1.0);
     x->authfail_lim = (st_log_limit)ST_LOG_LIMIT_INIT(1.0);
 
@@ -870,6 +973,7 @@ xport *xport_create(struct event_base *base, const char *listen_host, int listen
     if (ucp_worker_query(x->worker, &wa) == UCS_OK)
         x->max_am_header = wa.max_am_header;
     x->eager_max = getenv("UCX_RNDV_THRESH") ? 0 : XPORT_EAGER_MAX;
+    x->poll_ns = (uint64_t)XPORT_POLL_DEFAULT_US * 1000u;
     const char *poll = getenv("STRATA_XPORT_POLL_US");
     if (poll && *poll) {
         char *end;
@@ -909,6 +1013,18 @@ xport *xport_create(struct event_base *base, const char *listen_host, int listen
     x->ev = event_new(base, efd, EV_READ | EV_PERSIST, on_event, x);
     if (!x->ev || event_add(x->ev, NULL)) {
         st_errf(err, "xport: cannot add the worker's event fd to the loop");
+        goto fail;
+    }
+    /* The spin's timer: a timerfd, not a libevent timer (those round epoll's
+     * timeout up to whole milliseconds). */
+    x->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (x->tfd < 0) {
+        st_errf(err, "xport: timerfd_create: %s", strerror(errno));
+        goto fail;
+    }
+    x->poll_ev = event_new(base, x->tfd, EV_READ | EV_PERSIST, on_poll_timer, x);
+    if (!x->poll_ev || event_add(x->poll_ev, NULL)) {
+        st_errf(err, "xport: cannot add the poll timer to the loop");
         goto fail;
     }
     if (listen_host) {
@@ -956,8 +1072,14 @@ int xport_set_poll_us(xport *x, long us, st_err *err)
     if (us < 0 || us > XPORT_POLL_MAX_US)
         return st_errf(err, "xport: idle poll of %ld us: want [0, %d]", us, XPORT_POLL_MAX_US);
     x->poll_ns = (uint64_t)us * 1000u;
+    if (!x->poll_ns && x->plan_timer) {
+        timer_set(x, 0);
+        x->plan_timer = false;
+    }
     return 0;
 }
+
+long xport_poll_us(const xport *x) { return (long)(x->poll_ns / 1000u); }
 
 size_t xport_max_inline_header(const xport *x) { return x->max_am_header > XPORT_PREFIX ? x->max_am_header - XPORT_PREFIX : 0; }
 
@@ -1301,6 +1423,7 @@ int xport_send(xport_peer *p, const frame_header *hdr, const void *payload, size
     if (!p) return st_errf(err, "xport: no peer (NULL)");
     if (st_hop_trace_on()) st_hop_mark("send", hdr->batch_id, st_now_ns());
     if (frame_validate(hdr, payload_bytes, err)) return st_err_prefix(err, "xport_send");
+    if (hdr->batch_id) pp_note_ref(&p->x->pred, st_now_ns());
     size_t hl = 0;
     uint8_t *hb = frame_header_pack(hdr, &hl, err);
     if (!hb) return -1;
@@ -1483,6 +1606,8 @@ void xport_destroy(xport *x)
         }
     }
     if (x->ev) event_free(x->ev);
+    if (x->poll_ev) event_free(x->poll_ev);
+    if (x->tfd >= 0) close(x->tfd);
     if (x->auth_ev) event_free(x->auth_ev);
     for (int i = 0; i < XPORT_POOL_MAX; i++) rbuf_unmap(x, &x->pool[i]);
     if (x->ctx) ucp_cleanup(x->ctx);
