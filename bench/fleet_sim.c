@@ -78,8 +78,8 @@ typedef struct run {
     list_counts final;
     bool final_ok;
     char list_error[256];
-    struct rusage ru0, ru1;
-    long long coord0, coord1; /* clock ticks, -1 unknown */
+    struct rusage ru_t0, ru_cold, ru0, ru1; /* at t0, at the cold start's end, the window's ends */
+    long long coord_t0, coord_cold, coord0, coord1; /* the coordinator's CPU then, clock ticks; -1 unknown */
     double coord_rss_mb, load1;
 } run;
 
@@ -318,6 +318,8 @@ static void on_list(void *ud, int ok, const uint8_t *rep, size_t len, const rpc_
     if (r->phase == P_COLD && c.ready == r->o.n) {
         r->cold_ok = true;
         r->cold_end = now;
+        getrusage(RUSAGE_SELF, &r->ru_cold);
+        r->coord_cold = proc_ticks(r->o.coord_pid);
         r->phase = P_SETTLE;
         event(json_pack("{s:s, s:f, s:i}", "event", "listed", "cold_s", now - r->f.t0, "ready", (json_int_t)c.ready));
     } else if (r->phase == P_FINAL) {
@@ -371,6 +373,8 @@ static void on_turn(sim_thread *t, double now) {
             fprintf(stderr, "strata-fleet-sim: no cold start within %.0f s (%u of %ld workers registered)\n",
                     r->o.cold_max, atomic_load(&r->f.registered), r->o.n);
             r->cold_end = now;
+            getrusage(RUSAGE_SELF, &r->ru_cold);
+            r->coord_cold = proc_ticks(r->o.coord_pid);
             r->phase = P_SETTLE;
         } else if (atomic_load(&r->f.ever_registered) == (unsigned)r->o.n && !r->list_out && now >= r->next_list) {
             list_nodes(t, r);
@@ -477,6 +481,12 @@ static void report(run *r) {
     json_object_set_new(j, "cpu_pct",
                         jnum(r->coord0 >= 0 && r->coord1 >= 0 ? 100.0 * (double)(r->coord1 - r->coord0) / tck / win
                                                               : NAN));
+    /* the cold start's CPU: who was busy while the fleet registered */
+    double cold = r->cold_end > 0 ? r->cold_end - f->t0 : NAN;
+    json_object_set_new(j, "cold_cpu_pct", jnum(r->coord_t0 >= 0 && r->coord_cold >= 0
+                                                    ? 100.0 * (double)(r->coord_cold - r->coord_t0) / tck / cold
+                                                    : NAN));
+    json_object_set_new(j, "sim_cold_cpu_pct", jnum(100.0 * (ru_cpu_s(&r->ru_cold) - ru_cpu_s(&r->ru_t0)) / cold));
     json_object_set_new(j, "rss_mb", jnum(r->o.coord_pid ? r->coord_rss_mb : NAN));
     json_object_set_new(j, "load1", jnum(r->load1));
     json_object_set_new(j, "interrupted", json_boolean(interrupted));
@@ -546,7 +556,7 @@ int main(int argc, char **argv) {
     r.f.n = (uint32_t)r.o.n;
     r.f.n_threads = (int)r.o.threads;
     r.f.ramp_s = r.o.ramp;
-    r.coord0 = r.coord1 = -1;
+    r.coord_t0 = r.coord_cold = r.coord0 = r.coord1 = -1;
     r.coord_rss_mb = NAN;
     r.load1 = NAN;
     int rc = 1;
@@ -560,6 +570,8 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     the_run = &r;
     r.f.threads[0].on_turn = on_turn;
+    getrusage(RUSAGE_SELF, &r.ru_t0);
+    r.coord_t0 = proc_ticks(r.o.coord_pid);
     r.f.t0 = st_now_s();
     if (sim_fleet_start(&r.f) != 0) {
         fprintf(stderr, "strata-fleet-sim: cannot start the threads\n");

@@ -59,11 +59,12 @@ static rpc_client *create(const char *target, const rpc_tls *tls, bool own_conne
     /* gRPC's default 4 MiB cap on a received message would make ListNodes
      * fail somewhere past 30k nodes (about 120 bytes each); the limit is
      * RPC_CLIENT_MAX_REPLY (grpc_client.h), reported as RESOURCE_EXHAUSTED. */
-    grpc_arg a[2] = {{.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+    grpc_arg a[3] = {{.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
                       .value.integer = RPC_CLIENT_MAX_REPLY},
                      {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
-                      .value.integer = 1}};
-    grpc_channel_args args = {.num_args = own_connection ? 2 : 1, .args = a};
+                      .value.integer = 1},
+                     {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ENABLE_RETRIES, .value.integer = 0}};
+    grpc_channel_args args = {.num_args = own_connection ? 3 : 1, .args = a};
     c->ch = grpc_channel_create(target, creds, &args);
     grpc_channel_credentials_release(creds);
     if (!c->ch) {

@@ -44,7 +44,10 @@ rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *er
 /* As rpc_client_create, with a TCP connection of its own: gRPC otherwise
  * shares one connection among a process's channels to the same target (its
  * global subchannel pool), so that a process standing for many nodes would
- * open one connection for all of them. */
+ * open one connection for all of them. Its calls also skip gRPC's retry
+ * machinery (no retry policy is ever configured, so nothing is retried
+ * either way; it only costs client CPU per call: about 17% of the fleet
+ * simulator's). */
 rpc_client *rpc_client_create_own(const char *target, const rpc_tls *tls, st_err *err);
 /* Closes the channel. NULL is a no-op. */
 void rpc_client_destroy(rpc_client *c);
