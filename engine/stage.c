@@ -475,7 +475,16 @@ static void rank_forward(rank_ctx *rc) {
         .seqs = fw->aseqs,
     };
     const int64_t n_slots = (int64_t)s->p.kv_blocks * s->p.block_size;
-    for (int i = 0; i < s->last - s->first; i++) {
+    /* On the last stage only the sampled rows (one per sequence that wants
+     * logits) are read after the last layer, so its FFN runs on those rows
+     * alone (gathered into xs), as llama.cpp does: a 64-token prompt skips
+     * 63/64 of one layer's FFN. The K/V of every row are still stored. (A
+     * chunk that wants no logits keeps its FFN, so that the collective counts
+     * of stage.h hold.) A row's values do not depend on which rows share its
+     * matmul, except for the float types' matvec or GEMM summation order. */
+    const bool prune = s->last == c->n_layer && fw->n_logit > 0 && fw->n_logit < T;
+    const int n_layers = s->last - s->first;
+    for (int i = 0; i < n_layers; i++) {
         layer_w *L = &rc->layers[i];
         OP(o->rmsnorm(be, rc->xn, rc->x, &L->attn_norm, T, E, c->rms_eps, err));
         OP(o->matmul(be, rc->q, rc->xn, &L->wq, T, err));
@@ -488,13 +497,20 @@ static void rank_forward(rank_ctx *rc) {
         OP(o->matmul(be, rc->o, rc->att, &L->wo, T, err));
         COLL(o->all_reduce(be, rc->c, rc->o, (size_t)(T * E), &_e));
         OP(o->add(be, rc->x, rc->o, T * E, err));
-        OP(o->rmsnorm(be, rc->xn, rc->x, &L->ffn_norm, T, E, c->rms_eps, err));
-        OP(o->matmul(be, rc->g, rc->xn, &L->gate, T, err));
-        OP(o->matmul(be, rc->u, rc->xn, &L->up, T, err));
-        OP(o->swiglu(be, rc->g, rc->g, rc->u, T * pl->n_ff_local, err));
-        OP(o->matmul(be, rc->o, rc->g, &L->down, T, err));
-        COLL(o->all_reduce(be, rc->c, rc->o, (size_t)(T * E), &_e));
-        OP(o->add(be, rc->x, rc->o, T * E, err));
+        float *xf = rc->x; /* the FFN's rows: all T, or the sampled ones in the last layer */
+        int64_t Tf = T;
+        if (prune && i == n_layers - 1) {
+            Tf = fw->n_logit;
+            OP(o->get_rows(be, rc->xs, rc->x, fw->logit_rows, Tf, E, err));
+            xf = rc->xs;
+        }
+        OP(o->rmsnorm(be, rc->xn, xf, &L->ffn_norm, Tf, E, c->rms_eps, err));
+        OP(o->matmul(be, rc->g, rc->xn, &L->gate, Tf, err));
+        OP(o->matmul(be, rc->u, rc->xn, &L->up, Tf, err));
+        OP(o->swiglu(be, rc->g, rc->g, rc->u, Tf * pl->n_ff_local, err));
+        OP(o->matmul(be, rc->o, rc->g, &L->down, Tf, err));
+        COLL(o->all_reduce(be, rc->c, rc->o, (size_t)(Tf * E), &_e));
+        OP(o->add(be, xf, rc->o, Tf * E, err));
     }
     if (s->last != c->n_layer) {
         if (rc->rank == 0 && fw->out_dev) {
@@ -508,7 +524,7 @@ static void rank_forward(rank_ctx *rc) {
     } else if (fw->n_logit > 0) {
         const int S = fw->n_logit;
         const int64_t Vl = pl->n_vocab_local;
-        OP(o->get_rows(be, rc->xs, rc->x, fw->logit_rows, S, E, err));
+        if (!prune) OP(o->get_rows(be, rc->xs, rc->x, fw->logit_rows, S, E, err)); /* pruned: xs has them */
         OP(o->rmsnorm(be, rc->xs, rc->xs, &rc->out_norm, S, E, c->rms_eps, err));
         OP(o->matmul(be, rc->logits, rc->xs, &rc->lm_head, S, err));
         OP(o->download(be, rc->h_logits, rc->logits, (size_t)(S * Vl) * sizeof(float), err));

@@ -17,7 +17,9 @@
  *                 logits_r = LM_r · rmsnorm(x); per-rank candidates (top-K ids
  *                 and logits, max, logsumexp) are all-gathered     1 all-gather
  *                 and merged into the sampled id and the top logprobs; full
- *                 logits never leave their rank.
+ *                 logits never leave their rank. When only some of the
+ *                 batch's rows are sampled, the last layer's FFN (and its
+ *                 all-reduce) runs on those rows alone, as llama.cpp does.
  * So per forward: all_reduce_calls = 2 * (last - first) + (first == 0),
  * all_gather_calls = (last stage and some sequence wants logits) ? 1 : 0.
  * This holds for every t, t = 1 included (the comm group then has one rank).

@@ -123,8 +123,19 @@ void cpu_gemm_q8_avx2(const uint8_t *w, size_t rb, int64_t nrows, const int8_t *
     for (int64_t r0 = 0; r0 < nrows; r0 += RG) {
         const int nr = nrows - r0 < RG ? (int)(nrows - r0) : RG;
         pack8(w + (size_t)r0 * rb, rb, nr, nb, q, d);
+        /* The next panel's rows come from DRAM: prefetch a slice of them per
+         * token tile (into L2), so that packing it does not wait on memory
+         * (8 rows of short pieces are too many streams for the hardware
+         * prefetcher to start on time). */
+        const int64_t nn = nrows - (r0 + RG) < RG ? nrows - (r0 + RG) : RG;
+        const char *pw = (const char *)w + (size_t)(r0 + RG) * rb;
+        const size_t plen = nn > 0 ? (size_t)nn * rb : 0, ntiles = (size_t)((T + TT - 1) / TT);
+        const size_t pstep = (plen / ntiles + 63) & ~(size_t)63;
+        size_t pdone = 0;
         for (int64_t t0 = 0; t0 < T; t0 += TT) {
             const int nt = T - t0 < TT ? (int)(T - t0) : TT;
+            for (const size_t e = pdone + pstep; pdone < plen && pdone < e; pdone += 64)
+                __builtin_prefetch(pw + pdone, 0, 2); /* the rows are contiguous, rb apart */
             const int8_t *xt = xq + t0 * K;
             const float *dt = xd + t0 * nb;
             switch (nt) {

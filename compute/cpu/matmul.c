@@ -212,17 +212,17 @@ static void run_matvec_q8(void *p, int ith, int nth) {
         j->kn->matvec_q8(j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->xq, j->xd, j->T, j->K, j->y + lo, j->N);
 }
 
-/* Q8_0 GEMM: rows split over the threads in multiples of CPU_Q8_ROWS (the
- * VNNI panel), each thread with its own packed panel in scratch. */
+/* Q8_0 GEMM: rows claimed in chunks as the matvec does (claim_rows: guided,
+ * multiples of 16 = CPU_Q8_ROWS, the VNNI panel), so that a thread that
+ * loses its core for a while does not hold up the call; each thread packs
+ * its panels in its own scratch. */
+_Static_assert(16 % CPU_Q8_ROWS == 0, "claim_rows hands out multiples of 16 rows");
 static void run_gemm_q8(void *p, int ith, int nth) {
     mm_job *j = p;
     long lo, hi;
-    st_split_range((long)((j->N + CPU_Q8_ROWS - 1) / CPU_Q8_ROWS), ith, nth, &lo, &hi);
-    lo *= CPU_Q8_ROWS;
-    hi = hi * CPU_Q8_ROWS < j->N ? hi * CPU_Q8_ROWS : j->N;
-    if (hi <= lo) return;
-    j->gemm_q8(j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->xq, j->xd, j->T, j->K, j->y + lo, j->N,
-               j->scratch + (size_t)ith * j->scratch_n);
+    void *panel = j->scratch + (size_t)ith * j->scratch_n;
+    while (claim_rows(j, nth, &lo, &hi))
+        j->gemm_q8(j->w + (size_t)lo * j->rb, j->rb, hi - lo, j->xq, j->xd, j->T, j->K, j->y + lo, j->N, panel);
 }
 
 /* Quantizes x to Q8_0 (j->xq, j->xd), blocks split over the threads. */
