@@ -7,6 +7,18 @@
  * condition variable. The caller waits for the workers' countdown the same way.
  * Back-to-back runs (a decode step's matmuls) thus cost no syscalls, and an
  * idle or oversubscribed pool sleeps instead of burning CPU.
+ *
+ * Each share ith >= 1 of a run is claimed once, by its worker or by the
+ * caller: slot[ith] holds the last generation whose share ith was claimed,
+ * and the claim is a CAS from an older generation to the run's. The caller,
+ * done with share 0, claims the shares whose workers have not started yet and
+ * runs them itself, then waits only for the workers that did start. On a
+ * machine with more runnable threads than cores a descheduled worker thus
+ * never stalls a run (a decode step has ~160 of them: each used to wait a
+ * time slice whenever the worker had lost its core); on a quiet machine the
+ * workers claim their shares first and nothing changes. A late worker sees
+ * its slot already at (or past) the generation it woke for and goes back to
+ * waiting without touching that run's fn or ctx.
  */
 #define _GNU_SOURCE
 #include "compute/cpu/threadpool.h"
@@ -31,6 +43,7 @@ struct st_pool {
     atomic_ulong generation;
     atomic_int pending;
     atomic_int stop;
+    atomic_ulong *slot; /* [n]: the last generation whose share ith was claimed */
     int sleepers;    /* workers blocked on start_cv (under mu) */
     int caller_wait; /* caller blocked on done_cv (under mu) */
     st_pool_fn fn;
@@ -46,6 +59,26 @@ static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+}
+
+/* Claims share ith of run gen for the calling thread: 1 if it is ours to run. */
+static int claim_share(st_pool *pool, int ith, unsigned long gen) {
+    unsigned long old = atomic_load_explicit(&pool->slot[ith], memory_order_acquire);
+    while (old < gen)
+        if (atomic_compare_exchange_weak_explicit(&pool->slot[ith], &old, gen, memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return 1;
+    return 0;
+}
+
+/* Runs share ith and counts it done; wakes the caller if it was the last. */
+static void run_share(st_pool *pool, int ith) {
+    pool->fn(pool->ctx, ith, pool->n);
+    if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1) {
+        pthread_mutex_lock(&pool->mu);
+        if (pool->caller_wait) pthread_cond_signal(&pool->done_cv);
+        pthread_mutex_unlock(&pool->mu);
+    }
 }
 
 /* Polls until pred(pool, arg) holds or the spin budget is spent; returns
@@ -91,12 +124,9 @@ static void *worker_main(void *p) {
         }
         if (atomic_load_explicit(&pool->stop, memory_order_acquire)) return NULL;
         seen = atomic_load_explicit(&pool->generation, memory_order_acquire);
-        pool->fn(pool->ctx, ith, pool->n);
-        if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&pool->mu);
-            if (pool->caller_wait) pthread_cond_signal(&pool->done_cv);
-            pthread_mutex_unlock(&pool->mu);
-        }
+        /* fn and ctx are seen's as long as our share of it is unclaimed: the
+         * caller cannot finish that run before the share is done. */
+        if (claim_share(pool, ith, seen)) run_share(pool, ith);
     }
 }
 
@@ -123,11 +153,13 @@ st_pool *st_pool_new(int n_threads, st_err *err) {
     atomic_init(&pool->pending, 0);
     atomic_init(&pool->stop, 0);
     pool->threads = calloc((size_t)n_threads, sizeof *pool->threads);
-    if (!pool->threads) {
+    pool->slot = calloc((size_t)n_threads, sizeof *pool->slot);
+    if (!pool->threads || !pool->slot) {
         pool->n = 1;
         st_pool_free(pool);
         return st_errf(err, "thread pool: out of memory"), NULL;
     }
+    for (int i = 0; i < n_threads; i++) atomic_init(&pool->slot[i], 0);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *a = malloc(sizeof *a);
         if (a) {
@@ -155,6 +187,7 @@ void st_pool_free(st_pool *pool) {
     pthread_cond_destroy(&pool->start_cv);
     pthread_cond_destroy(&pool->done_cv);
     free(pool->threads);
+    free(pool->slot);
     free(pool);
 }
 
@@ -169,12 +202,14 @@ void st_pool_run(st_pool *pool, st_pool_fn fn, void *ctx) {
     pool->ctx = ctx;
     atomic_store_explicit(&pool->pending, pool->n - 1, memory_order_relaxed);
     /* The release publishes fn, ctx and pending to workers that see the new generation. */
-    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_acq_rel);
+    unsigned long gen = atomic_fetch_add_explicit(&pool->generation, 1, memory_order_acq_rel) + 1;
     pthread_mutex_lock(&pool->mu);
     if (pool->sleepers) pthread_cond_broadcast(&pool->start_cv);
     pthread_mutex_unlock(&pool->mu);
 
     fn(ctx, 0, pool->n);
+    for (int i = 1; i < pool->n; i++) /* shares whose workers have not started */
+        if (claim_share(pool, i, gen)) run_share(pool, i);
 
     if (!spin_until(pool, all_done, 0)) {
         pthread_mutex_lock(&pool->mu);

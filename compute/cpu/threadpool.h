@@ -2,6 +2,9 @@
  *
  * st_pool_run(pool, fn, ctx) calls fn(ctx, ith, nth) once for each ith in
  * [0, nth) — ith 0 on the calling thread — and returns when all have finished.
+ * A share ith >= 1 runs on a worker, or on the calling thread after share 0
+ * when its worker had not started by then (a worker without a core never
+ * stalls a run): fn must not wait for other shares of the same run.
  * One run at a time per pool; a pool is used by one caller thread (one TP rank).
  */
 #ifndef STRATA_COMPUTE_CPU_THREADPOOL_H

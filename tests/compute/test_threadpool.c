@@ -1,7 +1,9 @@
 /* test_threadpool.c — the fork/join pool: every ith runs exactly once per run
  * (ith 0 on the caller), many back-to-back runs, runs separated by idle gaps
  * longer than the spin budget (workers and caller must sleep and wake), and
- * more threads than cores (8-thread pools, several pools at once). */
+ * more threads than cores (8-thread pools, several pools at once), and a
+ * share whose worker has not started when the caller is done with share 0
+ * (the caller runs it, once, after its own). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -51,6 +53,48 @@ static void run_many(int n, int runs, int sleep_us, int gap_us) {
     st_pool_free(pool);
 }
 
+/* Records who ran share 1 and whether share 0 had finished by then. */
+typedef struct {
+    pthread_t caller;
+    atomic_int share0_done, share1_runs, share1_on_caller, share1_before_0;
+} helper_rec;
+
+static void helper_fn(void *p, int ith, int nth) {
+    helper_rec *h = p;
+    (void)nth;
+    if (ith == 0) {
+        atomic_store(&h->share0_done, 1);
+    } else {
+        atomic_fetch_add(&h->share1_runs, 1);
+        if (pthread_equal(pthread_self(), h->caller)) {
+            atomic_fetch_add(&h->share1_on_caller, 1);
+            if (!atomic_load(&h->share0_done)) atomic_fetch_add(&h->share1_before_0, 1);
+        }
+    }
+}
+
+/* Runs separated by gaps past the spin budget, so the worker is asleep on
+ * its condition variable when a run starts: waking it takes a futex wake-up,
+ * while the caller finishes its (empty) share 0 at once and claims share 1. */
+static void caller_takes_late_shares(void) {
+    st_err err = {0};
+    st_pool *pool = st_pool_new(2, &err);
+    REQUIRE(pool);
+    int on_caller = 0;
+    for (int r = 0; r < 50; r++) {
+        helper_rec h = {.caller = pthread_self()};
+        st_pool_run(pool, helper_fn, &h);
+        CHECK_EQ_INT(atomic_load(&h.share1_runs), 1);
+        CHECK_EQ_INT(atomic_load(&h.share1_before_0), 0);
+        on_caller += atomic_load(&h.share1_on_caller);
+        struct timespec ts = {0, 2000 * 1000L};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "share 1 ran on the caller in %d of 50 runs\n", on_caller);
+    CHECK(on_caller >= 1);
+    st_pool_free(pool);
+}
+
 static void *pool_thread(void *p) {
     (void)p;
     run_many(8, 300, 0, 0);
@@ -94,6 +138,7 @@ int main(void) {
     run_many(3, 20, 2000, 0);  /* caller waits past the spin budget */
     run_many(3, 20, 0, 1000); /* workers go to sleep between runs */
     run_many(4, 5, 100000, 0); /* a slow worker */
+    caller_takes_late_shares();
 
     /* Four 8-thread pools at once (TP ranks × pools on few cores). */
     pthread_t th[4];
