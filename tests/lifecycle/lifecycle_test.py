@@ -119,7 +119,7 @@ def run_streams(port, lengths, on_progress=None, nonstream=None):
 
 
 class ReadyzPoller(threading.Thread):
-    """GET /readyz in a loop: samples (t_start, status or None when refused)."""
+    """GET /readyz in a loop: samples (t_start, t_end, status or None when refused)."""
 
     def __init__(self, port):
         super().__init__(daemon=True)
@@ -135,7 +135,7 @@ class ReadyzPoller(threading.Thread):
                 c.close()
             except OSError:
                 st = None
-            self.samples.append((t, st))
+            self.samples.append((t, time.monotonic(), st))
             time.sleep(0.02)
 
 
@@ -224,9 +224,11 @@ def mode_shutdown(args, second_signal=False):
         # (A probe sent just after kill() may be read by the loop before the
         # signal is: delivery takes a scheduling slot, longer under load. So:
         # the first 503 comes within 1 s, and nothing but 503 after it.)
-        before = [s for t, s in poller.samples if t < sig["t"]]
-        first = next((t for t, s in poller.samples if t >= sig["t"] and s == 503), None)
-        after = [s for t, s in poller.samples if first is not None and t >= first]
+        # "Before" is a probe answered before the signal was sent: one in
+        # flight across it may be read after the signal and rightly get 503.
+        before = [s for t, end, s in poller.samples if end < sig["t"]]
+        first = next((t for t, _, s in poller.samples if t >= sig["t"] and s == 503), None)
+        after = [s for t, _, s in poller.samples if first is not None and t >= first]
         check(before and before[-1] == 200, "/readyz was 200 before the signal (%s)" % before[-3:])
         check(first is not None and first - sig["t"] < 1.0,
               "/readyz answered 503 %.3f s after the signal" % ((first - sig["t"]) if first else -1))
