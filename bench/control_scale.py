@@ -33,6 +33,9 @@ Prints one row per N:
   nodes      `stratactl nodes` wall time (median of 3 in the window, ms)
   sim cpu%   (C) the simulator's own CPU over the window (% of one core):
              it shares the machine with the coordinator
+  sim lag    (C) p99 of how late the window's heartbeats went out after
+             their slot (ms): when it is near hb p99, the tail is the
+             simulator's (or the machine's), not the coordinator's
 The row's full figures go to stderr as one JSON line.
 """
 import argparse
@@ -260,20 +263,21 @@ def main():
     print("load average at start: %.2f %.2f %.2f (%d CPUs; the simulators share them with the coordinator); "
           "simulator: %s" % (os.getloadavg() + (os.cpu_count(), "strata-fleet-sim" if args.sim == "c" else "fleet_sim.py")),
           flush=True)
-    print("%6s %6s %7s %9s %9s %9s %7s %12s %11s %9s %9s %8s" % (
+    print("%6s %6s %7s %9s %9s %9s %7s %12s %11s %9s %9s %8s %8s" % (
         "N", "cpu%", "rss MB", "hb p50ms", "hb p99ms", "hb max", "cold s", "cold hb p99", "misses r/h", "suspects",
-        "nodes ms", "sim cpu%"), flush=True)
+        "nodes ms", "sim cpu%", "sim lag"), flush=True)
     for n in [int(x) for x in args.sizes.split(",")]:
         try:
             r = one_c(args, n, grpc, pb, pbg) if args.sim == "c" else one_python(args, n, grpc, pb, pbg, pydir, sha)
         except Exception as e:  # noqa: BLE001 (a size this machine cannot simulate is reported, not fatal)
             print("%6d failed: %r" % (n, e), flush=True)
             continue
-        print("%6d %s %s %s %s %s %s %s %5d/%-5d %9d %s %s" % (
+        print("%6d %s %s %s %s %s %s %s %5d/%-5d %9d %s %s %s" % (
             n, fmt(r.get("cpu_pct"), "%6.1f"), fmt(r.get("rss_mb"), "%7.1f"), fmt(r.get("hb_p50_ms"), "%9.2f"),
             fmt(r.get("hb_p99_ms"), "%9.2f"), fmt(r.get("hb_max_ms"), "%9.1f"), fmt(r.get("cold_s"), "%7.2f"),
             fmt(r.get("cold_hb_p99_ms"), "%12.2f"), r["reg_misses"], r["hb_misses"],
-            r["suspects"] + r["reregisters"], fmt(r.get("nodes_ms"), "%9.1f"), fmt(r.get("sim_cpu_pct"), "%8.1f")),
+            r["suspects"] + r["reregisters"], fmt(r.get("nodes_ms"), "%9.1f"), fmt(r.get("sim_cpu_pct"), "%8.1f"),
+            fmt(r.get("sim_lag_p99_ms"), "%8.1f")),
             flush=True)
         if r.get("lost_sims"):
             print("       (%d simulator process(es) hung and were killed: their workers are not in the "

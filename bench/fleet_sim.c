@@ -23,7 +23,8 @@
  * times `stratactl nodes` in it), {"event":"window_end"}, and last the
  * report (its keys are those of report() below; latencies in ms, from the
  * call's start to its end as this process sees it, so they include its own
- * delay). Progress and errors
+ * delay; sim_lag_* is how late the window's heartbeats went out after their
+ * slot: large when this process cannot keep up). Progress and errors
  * on stderr. Exit 0 with a report (whatever the figures), 1 when the fleet
  * cannot run, 2 on a usage error or a too-low open-file limit.
  *
@@ -424,7 +425,7 @@ static void report(run *r) {
     sim_fleet *f = &r->f;
     sim_counts c = {0};
     const char *first_error = r->list_error[0] ? r->list_error : NULL;
-    sim_samples *hb[64], *reg[64];
+    sim_samples *hb[64], *reg[64], *lag[64];
     for (int k = 0; k < f->n_threads; k++) {
         sim_counts *x = &f->threads[k].c;
         c.reg_sent += x->reg_sent, c.reg_ok += x->reg_ok, c.reg_misses += x->reg_misses;
@@ -434,6 +435,7 @@ static void report(run *r) {
         if (f->threads[k].first_error[0] && !first_error) first_error = f->threads[k].first_error;
         hb[k] = &f->threads[k].hb;
         reg[k] = &f->threads[k].reg;
+        lag[k] = &f->threads[k].lag;
     }
     json_t *j = json_object();
     json_object_set_new(j, "n", json_integer(r->o.n));
@@ -446,6 +448,7 @@ static void report(run *r) {
     put_latency(j, "cold_hb", hb, f->n_threads, f->t0 - 1, cold_end);
     double w1 = r->w1 > 0 ? r->w1 : r->w0;
     put_latency(j, "hb", hb, f->n_threads, r->w0 > 0 ? r->w0 : 1e300, w1);
+    put_latency(j, "sim_lag", lag, f->n_threads, r->w0 > 0 ? r->w0 : 1e300, w1);
     json_object_set_new(j, "window_s", jnum(r->w0 > 0 ? w1 - r->w0 : NAN));
     json_object_set_new(j, "reg_sent", json_integer((json_int_t)c.reg_sent));
     json_object_set_new(j, "reg_ok", json_integer((json_int_t)c.reg_ok));

@@ -80,6 +80,7 @@ typedef struct sim_thread {
     uint32_t in_flight;
     sim_counts c;
     sim_samples hb, reg;     /* answered heartbeats / Registers: latency, start time */
+    sim_samples lag;         /* heartbeats sent: how late after their slot (ms), the slot's time */
     char first_error[256];
     pthread_t th;
     /* thread 0 only: the run's phases (fleet_sim.c), called on every turn */

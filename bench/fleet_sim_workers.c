@@ -28,6 +28,7 @@ struct sim_worker {
     rpc_async *call;    /* in flight, or NULL */
     int kind;           /* of the call in flight */
     bool hb_due;        /* a heartbeat came due while the call was out */
+    double due_slot;    /* ... at this time */
     bool ever;          /* registered at least once */
     uint64_t lease;     /* 0: must register */
     uint32_t interval_ms;
@@ -197,7 +198,9 @@ static void start_register(sim_thread *t, sim_worker *w, double now) {
         arm(t, w, now + REG_RETRY_REFUSED_MS / 1000.0);
 }
 
-static void start_heartbeat(sim_thread *t, sim_worker *w) {
+/* slot: when the heartbeat was due; how late it goes out is this process's
+ * own lag (its timers behind, or the previous call still out). */
+static void start_heartbeat(sim_thread *t, sim_worker *w, double slot) {
     const sim_node_desc *d = &t->fleet->desc;
     char name[96];
     snprintf(name, sizeof name, "%s-%05u", d->prefix, d->first + w->idx);
@@ -214,7 +217,10 @@ static void start_heartbeat(sim_thread *t, sim_worker *w) {
         q.bytes_sent = w->bytes_sent;
     }
     w->n_hb++;
-    if (start(t, w, CALL_HEARTBEAT, SVC "Heartbeat", &q.base) == 0) t->c.hb_sent++;
+    if (start(t, w, CALL_HEARTBEAT, SVC "Heartbeat", &q.base) == 0) {
+        t->c.hb_sent++;
+        sim_samples_add(&t->lag, slot, (w->t_call - slot) * 1000.0);
+    }
 }
 
 static void lost_lease(sim_thread *t, sim_worker *w) {
@@ -230,13 +236,15 @@ static void on_timer(sim_thread *t, sim_worker *w, double now) {
     }
     double iv = w->interval_ms / 1000.0;
     if (w->call) {
-        if (w->hb_due)
+        if (w->hb_due) {
             t->c.hb_skipped++;
-        else
+        } else {
             t->c.hb_delayed++;
+            w->due_slot = w->next_hb;
+        }
         w->hb_due = true;
     } else {
-        start_heartbeat(t, w);
+        start_heartbeat(t, w, w->next_hb);
     }
     w->next_hb += iv;
     if (w->next_hb <= now) { /* far behind: keep the phase, skip the slots gone */
@@ -327,7 +335,7 @@ static void on_done(sim_thread *t, sim_worker *w, double now) {
             if (!stopping) start_register(t, w, now);
         } else if (w->hb_due && !stopping) {
             w->hb_due = false;
-            start_heartbeat(t, w);
+            start_heartbeat(t, w, w->due_slot);
         }
     }
     free(rep);
@@ -477,6 +485,7 @@ void sim_fleet_free(sim_fleet *f) {
         free(t->heap);
         sim_samples_free(&t->hb);
         sim_samples_free(&t->reg);
+        sim_samples_free(&t->lag);
     }
     free(f->threads);
     f->threads = NULL;
