@@ -348,7 +348,8 @@ static void on_poll_timer(evutil_socket_t fd, short what, void *arg)
     uint64_t now = st_now_ns();
     bool timer = x->plan_timer, resumed = x->resume;
     x->plan_timer = x->resume = false;
-    if (x->plan_ref != x->pred.ref_ns || !x->plan_end || x->destroying) return; /* a newer gap, or spent */
+    if (x->plan_ref != x->pred.ref_ns || !x->plan_end || !x->poll_ns || x->destroying)
+        return; /* a newer gap, spent, or polling turned off meanwhile */
     if (timer) pp_note_late(&x->pred, x->plan_at, now, x->poll_ns); /* the next plan's lead */
     if (!resumed) x->stats.poll_spins++;
     uint64_t end = x->plan_end;
