@@ -197,7 +197,8 @@ def one_c(args, n, grpc, pb, pbg):
                                 "--threads", str(args.threads), "--settle", str(args.settle),
                                 "--window", str(args.window), "--cold-max", str(args.cold_max),
                                 "--coordinator-pid", str(coord.pid)] + (["--load"] if args.load else []) +
-                               (["--shared-connections"] if args.shared_connections else []),
+                               (["--shared-connections"] if args.shared_connections else []) +
+                               (["--preconnect"] if args.preconnect else []),
                                stdout=subprocess.PIPE, text=True)
         lat, text, result = [], "", None
         for line in sim.stdout:
@@ -246,6 +247,9 @@ def main():
     ap.add_argument("--fleet-sim", help="strata-fleet-sim (--sim c)")
     ap.add_argument("--threads", type=int, default=2, help="--sim c: the simulator's completion-queue threads")
     ap.add_argument("--load", action="store_true", help="--sim c: heartbeats carry load reports")
+    ap.add_argument("--preconnect", action="store_true",
+                    help="--sim c: every connection is made before the first Register (the cold start is then "
+                         "the registrations alone; a diagnostic)")
     ap.add_argument("--per-proc", type=int, default=2500)
     ap.add_argument("--window", type=float, default=15.0)
     ap.add_argument("--settle", type=float, default=3.0)

@@ -3,7 +3,7 @@
 # benchmark: figures, not pass/fail).
 #
 #   bench/control_scale.sh [--sizes 1000,5000,10000] [--build DIR] [--coordinator BIN]
-#                          [--sim c|python] [--threads T] [--load] [--window S] [--settle S]
+#                          [--sim c|python] [--threads T] [--load] [--preconnect] [--window S] [--settle S]
 #                          [--cold-max S] [--per-proc N] [--shared-connections] [--keep]
 #
 # For each N: a fresh strata-coordinator --live on loopback and N simulated
@@ -13,7 +13,9 @@
 # daemon's 2 s deadlines and retries.
 #   --sim c (default): strata-fleet-sim (bench/fleet_sim.c), one process on
 #     gRPC's C core, every call asynchronous on --threads (default 2)
-#     completion queues; --load adds load reports to the heartbeats.
+#     completion queues; --load adds load reports to the heartbeats;
+#     --preconnect makes every connection before the first Register (the
+#     cold start is then the registrations alone: a diagnostic).
 #   --sim python: tests/control/fleet_sim.py (grpc.aio) in processes of
 #     --per-proc workers; too slow for 10k workers on a small machine.
 # --shared-connections: gRPC's one connection per simulator process instead
@@ -41,8 +43,8 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift 2 ;;
     --coordinator) coordinator="$2"; shift 2 ;;
     --sizes|--window|--per-proc|--settle|--cold-max|--sim|--threads) args+=("$1" "$2"); shift 2 ;;
-    --keep|--shared-connections|--load) args+=("$1"); shift ;;
-    *) echo "usage: $0 [--sizes N,N,...] [--build DIR] [--coordinator BIN] [--sim c|python] [--threads T] [--load] [--window S] [--settle S] [--cold-max S] [--per-proc N] [--shared-connections] [--keep]" >&2
+    --keep|--shared-connections|--load|--preconnect) args+=("$1"); shift ;;
+    *) echo "usage: $0 [--sizes N,N,...] [--build DIR] [--coordinator BIN] [--sim c|python] [--threads T] [--load] [--preconnect] [--window S] [--settle S] [--cold-max S] [--per-proc N] [--shared-connections] [--keep]" >&2
        exit 2 ;;
   esac
 done

@@ -5,10 +5,15 @@
  *   strata-fleet-sim --addr HOST:PORT --model FILE [-n N] [--first K] [--prefix P]
  *                    [--threads T] [--ramp S] [--settle S] [--window S] [--cold-max S]
  *                    [--cores C] [--memory-gib G] [--sha HEX] [--load]
- *                    [--coordinator-pid PID] [--shared-connections]
+ *                    [--coordinator-pid PID] [--shared-connections] [--preconnect]
  *                    [--ca F --cert F --key F]
  *
  * The run, in phases (all times from the first Register, t0):
+ *   connect with --preconnect only: every worker makes its connection first
+ *           (a GetStatus), and t0 is when all are back ({"event":
+ *           "connected"}): the cold start is then the registrations alone,
+ *           without the connections' set-up (a diagnostic; daemons that
+ *           start register at once).
  *   cold    every worker registers (all at once, or spread over --ramp s);
  *           once all have a lease, ListNodes every 250 ms until it shows all
  *           N of them ready (a node is ready from its first heartbeat): the
@@ -51,14 +56,14 @@
 #define LIST_EVERY_S 0.25
 #define LIST_TIMEOUT_S 30.0
 
-enum phase { P_COLD, P_SETTLE, P_WINDOW, P_FINAL, P_DONE };
+enum phase { P_CONNECT, P_COLD, P_SETTLE, P_WINDOW, P_FINAL, P_DONE };
 
 typedef struct run_opts {
     const char *addr, *model, *sha, *prefix;
     const char *ca, *cert, *key;
     long n, first, threads, cores, coord_pid;
     double ramp, settle, window, cold_max, memory_gib;
-    bool load, shared;
+    bool load, shared, preconnect;
 } run_opts;
 
 typedef struct list_counts {
@@ -97,7 +102,7 @@ static void usage(FILE *to) {
             "usage: strata-fleet-sim --addr HOST:PORT --model FILE [-n N] [--first K] [--prefix P]\n"
             "         [--threads T] [--ramp S] [--settle S] [--window S] [--cold-max S]\n"
             "         [--cores C] [--memory-gib G] [--sha HEX] [--load] [--coordinator-pid PID]\n"
-            "         [--shared-connections] [--ca F --cert F --key F]\n");
+            "         [--shared-connections] [--preconnect] [--ca F --cert F --key F]\n");
 }
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out) {
@@ -135,7 +140,8 @@ static int parse(int argc, char **argv, run_opts *o) {
         {"load", no_argument, 0, 'l'},            {"coordinator-pid", required_argument, 0, 'P'},
         {"shared-connections", no_argument, 0, 'x'}, {"ca", required_argument, 0, 1},
         {"cert", required_argument, 0, 2},        {"key", required_argument, 0, 3},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+        {"preconnect", no_argument, 0, 'X'},      {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     *o = (run_opts){.n = 100, .prefix = "sim", .threads = 1, .settle = 3, .window = 15, .cold_max = 120};
     opterr = 0;
     int ch;
@@ -158,6 +164,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         case 'l': o->load = true; break;
         case 'P': bad = integer("--coordinator-pid", optarg, 1, 1L << 30, &o->coord_pid); break;
         case 'x': o->shared = true; break;
+        case 'X': o->preconnect = true; break;
         case 1: o->ca = optarg; break;
         case 2: o->cert = optarg; break;
         case 3: o->key = optarg; break;
@@ -369,6 +376,17 @@ static void on_turn(sim_thread *t, double now) {
         return;
     }
     switch (r->phase) {
+    case P_CONNECT:
+        if (atomic_load(&r->f.connected) == (unsigned)r->o.n || now - r->f.t0 > r->o.cold_max) {
+            event(json_pack("{s:s, s:f, s:i}", "event", "connected", "connect_s", now - r->f.t0, "connected",
+                            (json_int_t)atomic_load(&r->f.connected)));
+            getrusage(RUSAGE_SELF, &r->ru_t0);
+            r->coord_t0 = proc_ticks(r->o.coord_pid);
+            r->f.t0 = now;
+            r->phase = P_COLD;
+            atomic_store(&r->f.go, true);
+        }
+        break;
     case P_COLD:
         if (now - r->f.t0 > r->o.cold_max) {
             fprintf(stderr, "strata-fleet-sim: no cold start within %.0f s (%u of %ld workers registered)\n",
@@ -432,6 +450,7 @@ static void report(run *r) {
         c.reg_errors += x->reg_errors, c.hb_sent += x->hb_sent, c.hb_ok += x->hb_ok;
         c.hb_misses += x->hb_misses, c.hb_errors += x->hb_errors, c.hb_delayed += x->hb_delayed;
         c.hb_skipped += x->hb_skipped, c.reregisters += x->reregisters, c.start_failures += x->start_failures;
+        c.connect_errors += x->connect_errors;
         if (f->threads[k].first_error[0] && !first_error) first_error = f->threads[k].first_error;
         hb[k] = &f->threads[k].hb;
         reg[k] = &f->threads[k].reg;
@@ -461,6 +480,8 @@ static void report(run *r) {
     json_object_set_new(j, "hb_delayed", json_integer((json_int_t)c.hb_delayed));
     json_object_set_new(j, "hb_skipped", json_integer((json_int_t)c.hb_skipped));
     json_object_set_new(j, "reregisters", json_integer((json_int_t)c.reregisters));
+    json_object_set_new(j, "preconnect", json_boolean(r->o.preconnect));
+    if (r->o.preconnect) json_object_set_new(j, "connect_errors", json_integer((json_int_t)c.connect_errors));
     json_object_set_new(j, "errors", json_integer((json_int_t)(c.reg_errors + c.hb_errors + c.start_failures)));
     json_object_set_new(j, "first_error", first_error ? json_string(first_error) : json_null());
     json_object_set_new(j, "list_calls", json_integer(r->list_calls));
@@ -559,6 +580,8 @@ int main(int argc, char **argv) {
     r.f.n = (uint32_t)r.o.n;
     r.f.n_threads = (int)r.o.threads;
     r.f.ramp_s = r.o.ramp;
+    r.f.preconnect = r.o.preconnect;
+    r.phase = r.o.preconnect ? P_CONNECT : P_COLD;
     r.coord_t0 = r.coord_cold = r.coord0 = r.coord1 = -1;
     r.coord_rss_mb = NAN;
     r.load1 = NAN;

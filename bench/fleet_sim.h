@@ -58,6 +58,7 @@ typedef struct sim_counts {
     uint64_t hb_sent, hb_ok, hb_misses, hb_errors, hb_delayed, hb_skipped;
     uint64_t reregisters;     /* heartbeats answered reregister or NOT_FOUND */
     uint64_t start_failures;  /* calls gRPC would not start */
+    uint64_t connect_errors;  /* --preconnect: GetStatus calls that failed */
 } sim_counts;
 
 typedef struct sim_worker sim_worker;
@@ -95,9 +96,12 @@ struct sim_fleet {
     uint32_t n;               /* workers */
     int n_threads;
     double ramp_s;            /* the workers start over this many seconds (0: all at once) */
+    bool preconnect;          /* connect every worker (GetStatus) before the first Register */
     sim_node_desc desc;
     sim_thread *threads;
-    double t0;                /* the first Register */
+    double t0;                /* the first Register (with preconnect: set before `go`) */
+    atomic_uint connected;    /* preconnect: GetStatus calls back */
+    atomic_bool go;           /* preconnect: register now */
     atomic_uint registered;   /* workers with a lease (now) */
     atomic_uint ever_registered;
     atomic_bool stopping;     /* no new calls; the threads end when theirs are back */

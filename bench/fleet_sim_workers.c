@@ -18,7 +18,7 @@
 #define GOLDEN 0.6180339887498949
 
 enum { TAG_WORKER = 1, TAG_SIDE = 2 };
-enum { CALL_REGISTER = 1, CALL_HEARTBEAT = 2 };
+enum { CALL_REGISTER = 1, CALL_HEARTBEAT = 2, CALL_CONNECT = 3 };
 
 struct sim_worker {
     int tag;            /* TAG_WORKER; the queue's tag is the worker */
@@ -30,6 +30,7 @@ struct sim_worker {
     bool hb_due;        /* a heartbeat came due while the call was out */
     double due_slot;    /* ... at this time */
     bool ever;          /* registered at least once */
+    bool connected;     /* --preconnect: its GetStatus came back */
     uint64_t lease;     /* 0: must register */
     uint32_t interval_ms;
     uint32_t gen;       /* the armed timer's generation (older heap entries are stale) */
@@ -223,6 +224,15 @@ static void start_heartbeat(sim_thread *t, sim_worker *w, double slot) {
     }
 }
 
+/* --preconnect: a GetStatus makes the connection before the fleet registers. */
+static void start_connect(sim_thread *t, sim_worker *w) {
+    Strata__V1__GetStatusRequest q = STRATA__V1__GET_STATUS_REQUEST__INIT;
+    if (start(t, w, CALL_CONNECT, SVC "GetStatus", &q.base) != 0) {
+        w->connected = true; /* it connects with its Register then */
+        atomic_fetch_add(&t->fleet->connected, 1);
+    }
+}
+
 static void lost_lease(sim_thread *t, sim_worker *w) {
     if (!w->lease) return;
     w->lease = 0;
@@ -230,6 +240,10 @@ static void lost_lease(sim_thread *t, sim_worker *w) {
 }
 
 static void on_timer(sim_thread *t, sim_worker *w, double now) {
+    if (t->fleet->preconnect && !w->connected) {
+        if (!w->call) start_connect(t, w);
+        return;
+    }
     if (!w->lease) {
         if (!w->call) start_register(t, w, now);
         return;
@@ -293,7 +307,12 @@ static void on_done(sim_thread *t, sim_worker *w, double now) {
     rpc_status st = {0};
     int rc = rpc_async_finish(a, &rep, &len, &st);
     bool stopping = atomic_load(&t->fleet->stopping);
-    if (w->kind == CALL_REGISTER) {
+    if (w->kind == CALL_CONNECT) { /* whatever the answer: the fleet registers once all are back */
+        if (rc != 0) t->c.connect_errors++;
+        w->connected = true;
+        atomic_fetch_add(&t->fleet->connected, 1);
+        if (atomic_load(&t->fleet->go) && !stopping) start_register(t, w, now); /* released before it was back */
+    } else if (w->kind == CALL_REGISTER) {
         if (rc == 0) {
             registered(t, w, rep, len, now);
         } else {
@@ -383,7 +402,10 @@ static void cancel_all(sim_thread *t) {
 static void *thread_main(void *arg) {
     sim_thread *t = arg;
     sim_fleet *f = t->fleet;
-    for (uint32_t i = 0; i < t->n; i++) arm(t, &t->w[i], f->t0 + f->ramp_s * (double)t->w[i].idx / (double)f->n);
+    /* the Registers from f->t0 on (with --preconnect: first the connections, at once) */
+    bool released = !f->preconnect;
+    for (uint32_t i = 0; i < t->n; i++)
+        arm(t, &t->w[i], released ? f->t0 + f->ramp_s * (double)t->w[i].idx / (double)f->n : 0);
     double stop_since = 0;
     bool cancelled = false;
     for (;;) {
@@ -396,6 +418,11 @@ static void *thread_main(void *arg) {
                 cancel_all(t);
                 cancelled = true;
             }
+        }
+        if (!released && atomic_load(&f->go)) { /* connected: f->t0 is set */
+            released = true;
+            for (uint32_t i = 0; i < t->n; i++)
+                arm(t, &t->w[i], f->t0 + f->ramp_s * (double)t->w[i].idx / (double)f->n);
         }
         while (!stopping && t->heap_n && t->heap[0].due <= now) {
             sim_timer e = heap_pop(t);
@@ -426,6 +453,8 @@ int sim_fleet_init(sim_fleet *f) {
     atomic_init(&f->registered, 0);
     atomic_init(&f->ever_registered, 0);
     atomic_init(&f->stopping, false);
+    atomic_init(&f->connected, 0);
+    atomic_init(&f->go, false);
     if (!(f->threads = calloc((size_t)f->n_threads, sizeof *f->threads))) return -1;
     for (int k = 0; k < f->n_threads; k++) {
         sim_thread *t = &f->threads[k];

@@ -19,8 +19,9 @@ strata-coordinator --live on loopback.
   sim      bench's C load generator strata-fleet-sim (bench/fleet_sim.c)
            with 200 workers: one connection each, all registered and ready
            in ListNodes with their load reports, every heartbeat sent
-           answered, no suspect; its bad input and a too-low open-file limit
-           get clear errors.
+           answered, no suspect; with --preconnect the connections come
+           first; its bad input and a too-low open-file limit get clear
+           errors.
 
 Runs under /usr/bin/python3 (python3-grpcio).
 """
@@ -437,8 +438,21 @@ def mode_sim(args):
         check(r.get("cpu_pct") is not None and r.get("sim_cpu_pct") is not None,
               "the coordinator's and the simulator's CPU are measured (%s, %s)" % (r.get("cpu_pct"), r.get("sim_cpu_pct")))
         text = co.log_text()
-        bad = re.findall(r"registry: (\S+) is (?:suspect|dead)", text)
+        bad = re.findall(r"registry: (sim-\d+) is (?:suspect|dead)", text)
         check(not bad, "the coordinator declared no simulated worker suspect or dead (%s)" % bad[:5])
+        # --preconnect: the connections first, then the registrations
+        p = subprocess.run([args.fleet_sim] + base + ["-n", "50", "--prefix", "pc", "--preconnect", "--settle", "0",
+                                                      "--window", "1", "--cold-max", "60"],
+                           capture_output=True, text=True, timeout=120)
+        lines = [json.loads(x) for x in p.stdout.splitlines()]
+        check(p.returncode == 0 and [e.get("event") for e in lines][:2] == ["connected", "listed"] and
+              lines[0].get("connected") == 50,
+              "--preconnect: all 50 connect before the first Register (%d: %s %s)" % (p.returncode, lines[:2],
+                                                                                 p.stderr[-300:]))
+        r = lines[-1] if lines else {}
+        check(r.get("reg_ok") == 50 and r.get("listed_ready") == 50 and r.get("hb_ok") == r.get("hb_sent") and
+              r.get("errors") == 0 and r.get("connect_errors") == 0,
+              "--preconnect: 50 registered and ready, every heartbeat answered (%s)" % r)
     finally:
         if sim and sim.poll() is None:
             sim.kill()
