@@ -179,8 +179,8 @@ static int gap_rounds(struct bench *b, int gap_ms, size_t bytes)
 {
     enum { ROUNDS = 40, WARM = 4 };
     long on_us = xport_poll_us(b->x); /* STRATA_XPORT_POLL_US, or the default */
-    double lat[2][ROUNDS];
-    int n[2] = {0, 0};
+    double lat[2][ROUNDS], caught[ROUNDS];
+    int n[2] = {0, 0}, n_caught = 0;
     xport_stats st0, st1;
     uint64_t spin_ns[2] = {0, 0}, spins[2] = {0, 0}, hits[2] = {0, 0};
     st_err err;
@@ -199,18 +199,20 @@ static int gap_rounds(struct bench *b, int gap_ms, size_t bytes)
         xport_get_stats(b->x, &st1);
         if (r / 2 >= WARM && n[off] < ROUNDS) {
             lat[off][n[off]++] = (double)(b->got_ns - b->stamp_ns) / 1e3;
+            if (st1.poll_hits > st0.poll_hits) caught[n_caught++] = lat[off][n[off] - 1];
             spin_ns[off] += st1.poll_spin_ns - st0.poll_spin_ns;
             spins[off] += st1.poll_spins - st0.poll_spins;
             hits[off] += st1.poll_hits - st0.poll_hits;
         }
     }
+    qsort(caught, (size_t)n_caught, sizeof caught[0], cmp_d);
     for (int k = 0; k < 2; k++) {
         qsort(lat[k], (size_t)n[k], sizeof lat[k][0], cmp_d);
         printf("# gap %d ms, %zu B, polling %s (STRATA_XPORT_POLL_US=%ld): one-way median %.1f us, p90 %.1f us;"
-               " %llu spins, %llu hits in %d replies, %.1f us of spin CPU per reply\n",
+               " %llu spins, %llu hits in %d replies (caught ones: median %.1f us), %.1f us of spin CPU per reply\n",
                gap_ms, bytes, k ? "off" : "on", k ? 0L : on_us, lat[k][n[k] / 2], lat[k][n[k] * 9 / 10],
                (unsigned long long)spins[k], (unsigned long long)hits[k], n[k],
-               n[k] ? spin_ns[k] / 1e3 / n[k] : 0.0);
+               !k && n_caught ? caught[n_caught / 2] : 0.0, n[k] ? spin_ns[k] / 1e3 / n[k] : 0.0);
     }
     return 0;
 }
