@@ -203,9 +203,13 @@ static void trampoline(rpc_call *call, const rpc_request *req, void *ud) {
     j->bytes = bytes;
     j->len = req->len;
     pthread_mutex_lock(&b->mu);
-    bool closed = b->closed;
+    bool closed = b->closed, wake = false;
     if (!closed) {
-        q_push(lm->urgent ? &b->urgent : &b->normal, j);
+        job_queue *q = lm->urgent ? &b->urgent : &b->normal;
+        /* A queue that was not empty has a wake-up on its way since the loop
+         * last took it (take_all empties it): one write per batch of calls. */
+        wake = !q->head;
+        q_push(q, j);
         if (lm->urgent) atomic_store(&b->urgent_waiting, true);
     }
     pthread_mutex_unlock(&b->mu);
@@ -214,6 +218,7 @@ static void trampoline(rpc_call *call, const rpc_request *req, void *ud) {
         rpc_call_finish(call, RPC_UNAVAILABLE, "server stopping");
         return;
     }
+    if (!wake) return;
     uint64_t one = 1;
     while (write(b->efd, &one, sizeof one) < 0 && errno == EINTR) {
     }

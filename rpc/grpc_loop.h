@@ -4,7 +4,9 @@
  * event_base; the gRPC server dispatches on its own rpc thread. A bridge
  * closes that gap: methods registered through rpc_loop_add_method get a
  * trampoline on the rpc thread that copies the request, queues the call, and
- * wakes the loop through an eventfd (no evthread locking needed on the base).
+ * wakes the loop through an eventfd (no evthread locking needed on the base;
+ * one write per batch: a call queued behind others that the loop has not
+ * taken yet rides on their wake-up).
  * The loop then calls the method's handler with the call, on the loop's
  * thread, unless the call's deadline passed while it was queued: then it is
  * answered DEADLINE_EXCEEDED without running the handler. The handler answers
@@ -12,7 +14,8 @@
  * functions of grpc_server.h.
  *
  * Priority: methods added with rpc_loop_add_urgent_method (the coordinator's
- * Heartbeat) have their own queue, drained before every ordinary call, so an
+ * Heartbeat under --etcd; otherwise it answers heartbeats on the rpc thread,
+ * coordinator/control/hb_inbox.h) have their own queue, drained before every ordinary call, so an
  * urgent call waits for at most the one ordinary handler that is running,
  * never behind a burst of queued ones (a fleet's cold start of Registers).
  * Ordinary calls run in arrival order. Both run on the loop's thread, so the

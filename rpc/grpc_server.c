@@ -321,7 +321,60 @@ void rpc_call_finishf(rpc_call *c, int code, const char *fmt, ...) {
     rpc_call_finish(c, code, buf);
 }
 
+/* A unary reply in one batch (initial metadata, message and OK status): one
+ * write on the connection and one completion, where send + finish take two
+ * of each. The deadline rule of start_status_locked holds: past it, the
+ * client gets DEADLINE_EXCEEDED and no message. */
+static bool reply_one_batch_locked(rpc_call *c, const void *msg, size_t len) {
+    if (c->finishing || c->cancelled || atomic_load(&c->srv->stopping) || c->m->kind != RPC_KIND_UNARY ||
+        c->n_sent || c->send_busy || c->md_sent)
+        return false;
+    if (time_left_s(c->details.deadline) <= 0) {
+        c->finishing = true;
+        c->code = RPC_DEADLINE_EXCEEDED;
+        c->msg = strdup("deadline exceeded before the reply was complete");
+        start_status_locked(c);
+        return true;
+    }
+    grpc_slice sl = grpc_slice_from_copied_buffer(msg ? (const char *)msg : "", len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    c->status_details = grpc_empty_slice();
+    c->has_details = true;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = bb;
+    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
+    ops[2].data.send_status_from_server.status_details = &c->status_details;
+    c->finishing = true;
+    c->status_started = true;
+    c->code = RPC_OK;
+    c->n_sent = 1;
+    c->refs++;
+    if (grpc_call_start_batch(c->call, ops, 3, &c->t_status, NULL) != GRPC_CALL_OK) {
+        ST_WARN("rpc: %s: cannot send the reply", c->method);
+        c->refs--;
+        grpc_byte_buffer_destroy(bb);
+        c->cancelled = true;
+        return true;
+    }
+    c->md_sent = true;
+    c->sending = bb; /* freed with the call (call_free) */
+    return true;
+}
+
 void rpc_call_reply(rpc_call *c, const void *msg, size_t len) {
+    pthread_mutex_lock(&c->mu);
+    if (reply_one_batch_locked(c, msg, len)) {
+        bool dead = unref_locked(c); /* the handler's reference */
+        pthread_mutex_unlock(&c->mu);
+        if (dead) call_free(c);
+        return;
+    }
+    pthread_mutex_unlock(&c->mu);
     if (rpc_call_send(c, msg, len) != 0) {
         rpc_call_finish(c, RPC_CANCELLED, "call cancelled before the reply");
         return;
@@ -602,10 +655,21 @@ rpc_server *rpc_server_create(const char *addr, const rpc_tls *tls, st_err *err)
     s->t_shutdown = (rpc_tag){TAG_SHUTDOWN, NULL};
     s->cq = grpc_completion_queue_create_for_next(NULL);
     /* gRPC turns SO_REUSEPORT on by default: two servers could then share a
-     * port silently. A busy port must be an error. */
-    grpc_arg a = {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ALLOW_REUSEPORT,
-                  .value.integer = 0};
-    grpc_channel_args args = {.num_args = 1, .args = &a};
+     * port silently. A busy port must be an error.
+     * A control plane's calls are small and frequent (a fleet's heartbeats,
+     * docs/control-api.md "What a heartbeat costs"), so two per-call costs go:
+     * BDP probing (a ping, its ack and a timer on the timer thread after reads,
+     * to size windows for bulk transfers we do not make), and the deadline
+     * filter's timer per call (this file enforces deadlines itself: a call is
+     * not dispatched past its deadline, OK is never sent after it, and
+     * rpc_call_cancelled turns true at it; the client's own deadline cancels
+     * the stream, which RECV_CLOSE_ON_SERVER reports). */
+    grpc_arg a[] = {
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_HTTP2_BDP_PROBE, .value.integer = 0},
+        {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ENABLE_DEADLINE_CHECKS, .value.integer = 0},
+    };
+    grpc_channel_args args = {.num_args = sizeof a / sizeof a[0], .args = a};
     s->server = grpc_server_create(&args, NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
     s->port = grpc_server_add_http2_port(s->server, addr, creds);

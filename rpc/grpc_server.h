@@ -36,6 +36,10 @@
  * The client also enforces its own deadline (gRPC core), so a slow handler
  * yields DEADLINE_EXCEEDED at the client whatever it answers.
  *
+ * Transport settings (a control plane's calls are small and many): no HTTP/2
+ * BDP probing and no deadline filter (no timer per call); the deadlines are
+ * enforced here as listed above.
+ *
  * Not covered: client streaming, compression, metadata, flow control of
  * rpc_call_send (messages queue in memory until the transport takes them).
  * Errors: -1 / NULL with a one-line message in the caller's st_err.
@@ -127,7 +131,8 @@ void rpc_call_finish(rpc_call *c, int code, const char *msg);
 /* printf-style rpc_call_finish. */
 void rpc_call_finishf(rpc_call *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Unary success: rpc_call_send(msg) then rpc_call_finish(OK). */
+/* Unary success: rpc_call_send(msg) then rpc_call_finish(OK), in one batch
+ * (one write on the connection, one completion) when nothing was sent yet. */
 void rpc_call_reply(rpc_call *c, const void *msg, size_t len);
 
 /* True once the client cancelled, the deadline passed, the connection broke or

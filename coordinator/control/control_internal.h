@@ -20,6 +20,7 @@
 
 #include <event2/event.h>
 #include <protobuf-c/protobuf-c.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -78,6 +79,8 @@ struct ctl_service {
     char model_sha[65];
     place_model pm;
     registry reg;
+    struct hb_inbox *hb;     /* heartbeats answered on the rpc thread, for the loop (hb_inbox.h) */
+    atomic_uint_least64_t hb_epoch; /* the serving epoch, for those replies (ctl_heartbeats_apply) */
     placement saved;         /* restored from the state file, not yet serving */
     uint64_t last_epoch;
     run *cur, *pend, *from;  /* serving, loading, being switched away from */
@@ -124,6 +127,10 @@ int ctl_eng_submit(void *impl, const coord_request *req, const coord_sink *sink,
                    uint64_t *id_out, st_err *err);
 void ctl_eng_cancel(void *impl, uint64_t id);
 void ctl_reply(rpc_call *c, const ProtobufCMessage *m);
+/* Applies the heartbeats queued on the rpc thread (hb_inbox.h) to the
+ * registry and publishes the serving epoch for their replies. Loop thread;
+ * at every tick and before every handler. */
+void ctl_heartbeats_apply(ctl_service *s);
 
 /* epochs.c */
 void ctl_run_free(run *r);

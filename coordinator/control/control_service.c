@@ -22,6 +22,7 @@
 #include "common/version.h"
 #include "coordinator/control/authz.h"
 #include "coordinator/control/control_internal.h"
+#include "coordinator/control/hb_inbox.h"
 #include "coordinator/control/journal.h"
 #include "coordinator/control/state_file.h"
 #include "model/gguf.h"
@@ -268,6 +269,7 @@ static char *eng_stages_json(void *impl) {
 
 static void eng_stats(void *impl, coord_engine_stats *out) {
     ctl_service *s = impl;
+    ctl_heartbeats_apply(s);
     memset(out, 0, sizeof *out);
     if (s->cur) {
         coord_engine e = cluster_engine(s->cur->cl);
@@ -423,6 +425,7 @@ static void h_register(rpc_call *c, const rpc_request *req, void *ud) {
     event_active(s->tick_ev, 0, 0);
 }
 
+/* On the loop's thread (--etcd: a standby must refuse it, h_guarded). */
 static void h_heartbeat(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_service *s = ud;
     const Strata__V1__HeartbeatRequest *r = (const void *)req->msg;
@@ -432,6 +435,31 @@ static void h_heartbeat(rpc_call *c, const rpc_request *req, void *ud) {
     out.reregister = registry_heartbeat(&s->reg, r->node, r->lease_id, &l, st_now_s()) != 0;
     out.placement_epoch = s->cur ? s->cur->pl.epoch : 0;
     ctl_reply(c, &out.base);
+}
+
+/* On the rpc thread (hb_inbox.h: why, and who owns what): the lease check
+ * under the registry's lock, the heartbeat queued for the loop, the reply at
+ * once. Touches no other state of the service. */
+static void h_heartbeat_rpc(rpc_call *c, const rpc_request *req, void *ud) {
+    ctl_service *s = ud;
+    const Strata__V1__HeartbeatRequest *r = (const void *)req->msg;
+    if (!ctl_authorize(s->tls, c, CTL_ROLE_NODE, r->node)) return;
+    Strata__V1__HeartbeatReply out = STRATA__V1__HEARTBEAT_REPLY__INIT;
+    out.reregister = !registry_lease_is(&s->reg, r->node, r->lease_id);
+    if (!out.reregister) {
+        reg_load l = {r->running_sequences, r->kv_blocks_used, r->kv_blocks_free, r->busy_fraction, r->bytes_sent};
+        if (hb_inbox_put(s->hb, r->node, r->lease_id, &l, st_now_s()) != 0) {
+            rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "Heartbeat: out of memory");
+            return;
+        }
+    }
+    out.placement_epoch = atomic_load(&s->hb_epoch);
+    ctl_reply(c, &out.base);
+}
+
+void ctl_heartbeats_apply(ctl_service *s) {
+    atomic_store(&s->hb_epoch, s->cur ? s->cur->pl.epoch : 0);
+    if (s->hb) hb_inbox_apply(s->hb, &s->reg);
 }
 
 /* ---------------------------------------------------------------- the open-file limit */
@@ -592,6 +620,7 @@ struct ctl_guard {
 static void h_guarded(rpc_call *c, const rpc_request *req, void *ud) {
     struct ctl_guard *g = ud;
     char msg[600], http[256];
+    ctl_heartbeats_apply(g->s); /* every handler sees the nodes as of now */
     if (ctl_standby(g->s, msg, sizeof msg, http, sizeof http)) {
         rpc_call_finish(c, RPC_UNAVAILABLE, msg);
         return;
@@ -645,10 +674,13 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
         goto fail;
     /* Register, Heartbeat and Leave check the node name themselves (authz.h); every
      * other call is an operator's, checked by h_operator before its handler.
-     * Heartbeat is urgent (rpc/grpc_loop.h): it runs before every queued
-     * ordinary call, so a burst of Registers (a fleet's cold start) or a big
-     * ListNodes never delays a live node's heartbeat into a false suspect.
-     * All handlers run on the loop's thread, which alone owns the registry. */
+     * Heartbeat is answered on the rpc thread (h_heartbeat_rpc, hb_inbox.h),
+     * so a burst of Registers (a fleet's cold start) or a big ListNodes on
+     * the loop never delays a live node's heartbeat into a false suspect.
+     * With --etcd it runs on the loop behind the standby check, as an urgent
+     * method (rpc/grpc_loop.h: before every queued ordinary call).
+     * Every other handler runs on the loop's thread, which alone writes the
+     * registry, after applying the queued heartbeats (h_guarded). */
     static const struct {
         const char *name;
         rpc_kind kind;
@@ -675,14 +707,20 @@ ctl_service *ctl_create(struct event_base *base, const ctl_opts *o, st_err *err)
         st_errf(err, "control: out of memory");
         goto fail;
     }
+    if (!(s->hb = hb_inbox_new())) {
+        st_errf(err, "control: out of memory");
+        goto fail;
+    }
     for (size_t i = 0; i < n_methods; i++) {
         s->guards[i] = (struct ctl_guard){s, methods[i].fn, methods[i].operator_only};
-        rpc_method m = {methods[i].name, methods[i].kind, methods[i].fn, s, methods[i].req};
-        if (methods[i].operator_only || o->ha) {
-            m.handler = h_guarded;
-            m.ud = &s->guards[i];
-        }
+        rpc_method m = {methods[i].name, methods[i].kind, h_guarded, &s->guards[i], methods[i].req};
         bool urgent = methods[i].fn == h_heartbeat;
+        if (urgent && !o->ha) {
+            m.handler = h_heartbeat_rpc;
+            m.ud = s;
+            if (rpc_server_add_method(s->srv, &m, err) != 0) goto fail;
+            continue;
+        }
         if ((urgent ? rpc_loop_add_urgent_method : rpc_loop_add_method)(s->loop, s->srv, &m, err) != 0) goto fail;
     }
     if (rpc_server_start(s->srv, err) != 0) goto fail;
@@ -702,6 +740,7 @@ void ctl_destroy(ctl_service *s) {
     ctl_generate_close_all(s);
     rpc_server_destroy(s->srv);
     rpc_loop_destroy(s->loop);
+    hb_inbox_free(s->hb); /* after the rpc thread: it fills the inbox */
     while (s->reqs) {
         lreq *q = s->reqs;
         lreq_unlink(s, q);

@@ -156,6 +156,7 @@ static void run_on_ready(void *ud) {
     s->pend = NULL;
     if (!s->cur) {
         s->cur = r;
+        ctl_heartbeats_apply(s); /* the heartbeat replies name the new epoch */
         memset(&s->saved, 0, sizeof s->saved);
         ST_INFO("control: serving placement epoch %" PRIu64 " (%d stages)", r->pl.epoch, r->pl.n_stages);
         printf("strata-coordinator: serving placement epoch %" PRIu64 "\n", r->pl.epoch);
@@ -169,6 +170,7 @@ static void run_on_ready(void *ud) {
     s->from = s->cur;
     cluster_pause(s->from->cl);
     s->cur = r;
+    ctl_heartbeats_apply(s);
     ctl_save_state(s);
     ctl_try_finish_switch(-1, 0, s);
 }
@@ -205,6 +207,7 @@ void ctl_tick(evutil_socket_t fd, short what, void *arg) {
     ctl_service *s = arg;
     if (s->standby) return; /* etcd_store.c: the election starts it */
     double t = st_now_s();
+    ctl_heartbeats_apply(s); /* before the timeouts: no node is judged on a heartbeat still queued */
     registry_tick(&s->reg, t);
     ctl_store_tick(s, t);
     ctl_check_fd_room(s);

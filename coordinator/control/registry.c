@@ -1,6 +1,7 @@
 /* registry.c — nodes, leases, heartbeats and failure detection (registry.h). */
 #include "coordinator/control/registry.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 void registry_init(registry *r, uint32_t heartbeat_ms, uint32_t suspect_after_missed,
                    uint32_t dead_after_ms, uint64_t lease_seed) {
     memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
     r->heartbeat_ms = heartbeat_ms ? heartbeat_ms : 1000;
     r->suspect_after_missed = suspect_after_missed ? suspect_after_missed : 3;
     r->dead_after_ms = dead_after_ms ? dead_after_ms : 10000;
@@ -20,6 +22,7 @@ void registry_free(registry *r) {
     for (int i = 0; i < r->n; i++) free(r->nodes[i].links);
     free(r->nodes);
     free(r->index);
+    pthread_mutex_destroy(&r->mu);
     memset(r, 0, sizeof *r);
 }
 
@@ -53,7 +56,7 @@ reg_node *registry_find(registry *r, const char *name) {
     return k ? &r->nodes[k - 1] : NULL;
 }
 
-static reg_node *add(registry *r, const char *name) {
+static reg_node *add_locked(registry *r, const char *name) {
     if (r->n == r->cap) {
         int cap = r->cap ? r->cap * 2 : 8;
         reg_node *nn = realloc(r->nodes, sizeof *nn * (size_t)cap);
@@ -73,7 +76,28 @@ static reg_node *add(registry *r, const char *name) {
     return n;
 }
 
-int registry_remove(registry *r, const char *name) {
+static reg_node *add(registry *r, const char *name) {
+    pthread_mutex_lock(&r->mu);
+    reg_node *n = add_locked(r, name);
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+static void set_lease(registry *r, reg_node *n, uint64_t lease) {
+    pthread_mutex_lock(&r->mu);
+    n->lease = lease;
+    pthread_mutex_unlock(&r->mu);
+}
+
+bool registry_lease_is(registry *r, const char *name, uint64_t lease) {
+    pthread_mutex_lock(&r->mu);
+    const reg_node *n = registry_find(r, name);
+    bool ok = n && n->lease && n->lease == lease;
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+static int remove_locked(registry *r, const char *name) {
     if (!r->index) return 1;
     uint32_t i = slot_of(r, name);
     int k = r->index[i];
@@ -97,6 +121,13 @@ int registry_remove(registry *r, const char *name) {
     }
     r->n--;
     return 0;
+}
+
+int registry_remove(registry *r, const char *name) {
+    pthread_mutex_lock(&r->mu);
+    int rc = remove_locked(r, name);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 reg_node *registry_add_known(registry *r, const char *name, const char *data_address) {
@@ -127,7 +158,7 @@ int registry_register(registry *r, const reg_info *in, double now, uint64_t *lea
     reg_node *n = registry_find(r, in->name);
     if (!n && !(n = add(r, in->name))) return st_errf(err, "Register: out of memory");
     bool again = n->state != 0;
-    n->lease = next_lease(r);
+    set_lease(r, n, next_lease(r));
     n->registrations++;
     n->state = REG_REGISTERED;
     n->last_seen = now;
@@ -197,7 +228,7 @@ int registry_tick(registry *r, double now) {
                     n->name, age_ms, r->dead_after_ms);
             n->state = REG_DEAD;
             n->dead_since = now;
-            n->lease = 0;
+            set_lease(r, n, 0);
             changed++;
         } else if (n->state == REG_READY && age_ms > (double)r->suspect_after_missed * r->heartbeat_ms) {
             ST_WARN("registry: %s is suspect: %u heartbeats missed", n->name,
@@ -215,7 +246,7 @@ int registry_leave(registry *r, const char *name, uint64_t lease, st_err *err) {
         return st_errf(err, "unknown node \"%s\" or lease", name);
     n->state = REG_DEAD;
     n->dead_since = n->last_seen > 0 ? n->last_seen : 0; /* Leave: dead now (no clock here) */
-    n->lease = 0;
+    set_lease(r, n, 0);
     return 0;
 }
 

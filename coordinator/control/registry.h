@@ -19,12 +19,14 @@
  *
  * Time is passed in (monotonic seconds) so that tests can drive it. State
  * changes happen in registry_tick (call it often: every heartbeat interval / 4)
- * and on Register / Heartbeat. Everything on the coordinator's loop thread.
+ * and on Register / Heartbeat. Everything on the coordinator's loop thread,
+ * but registry_lease_is (any thread).
  * Values of `state` are proto/control.proto's NodeState.
  */
 #ifndef STRATA_COORDINATOR_REGISTRY_H
 #define STRATA_COORDINATOR_REGISTRY_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -107,6 +109,10 @@ typedef struct registry {
     uint32_t suspect_after_missed; /* > 0 */
     uint32_t dead_after_ms;        /* > 0 */
     uint64_t lease_seed;           /* leases differ between coordinator processes */
+    /* Held by the loop's thread while it changes what registry_lease_is
+     * reads (nodes, n, index, a node's name or lease) and by
+     * registry_lease_is itself; the loop reads without it. */
+    pthread_mutex_t mu;
 } registry;
 
 /* What Register carries (borrowed strings). */
@@ -142,6 +148,10 @@ typedef struct reg_load {
     double busy_fraction;
     uint64_t bytes_sent;
 } reg_load;
+/* The one call for another thread (the coordinator's rpc thread answers
+ * heartbeats there, control/hb_inbox.h): true when name is registered under
+ * this lease (nonzero) right now. */
+bool registry_lease_is(registry *r, const char *name, uint64_t lease);
 /* A heartbeat: 0 (state READY unless DRAINING), or 1 = unknown node or lease
  * (answer reregister). */
 int registry_heartbeat(registry *r, const char *name, uint64_t lease, const reg_load *l,

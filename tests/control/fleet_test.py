@@ -160,6 +160,10 @@ def mode_scale(args):
         nodes = co.stub.ListNodes(pb.ListNodesRequest(), timeout=5).nodes
         check(len(nodes) == 100 and sorted(n.name for n in nodes) == ["sim-%05d" % i for i in range(100)],
               "ListNodes lists all 100 nodes (%d)" % len(nodes))
+        # Heartbeats are answered on the rpc thread and applied by the loop
+        # (coordinator/control/hb_inbox.h): ListNodes sees every one applied.
+        ready = [n.name for n in nodes if n.state == pb.NODE_STATE_READY]
+        check(len(ready) == 100, "all 100 nodes are ready: their heartbeats were applied (%d ready)" % len(ready))
         body = co.metrics()
         workers = set(re.findall(r'^strata_worker_state\{worker="([^"]+)",state="[a-z]+"\}', body, re.M))
         ages = re.findall(r'^strata_worker_heartbeat_age_seconds\{worker="sim-\d+"\}', body, re.M)
