@@ -119,6 +119,60 @@ DEF_DENSE(f32)
 DEF_DENSE(f16)
 DEF_DENSE(bf16)
 
+/* Decode (one token row) with long rows: x no longer stays in L1 while the
+ * weight stream and its prefetch pass through (48 KiB L1D, x 32 KiB for
+ * the FFN down projection), so every x load comes from L2, twice the bytes
+ * of the weights it meets. Measured (1 thread, bench-1b's 2048x8192 F16):
+ * 32.6 GB/s, 39.5 GB/s with x aliased to 8 KiB. Two rows at a time load each
+ * x vector once for both, halving that traffic, and give 8 independent FMA
+ * chains; each row keeps its own accumulators, so the bits are those of
+ * dot_TY. With short rows the two streams cost more than they save (2048
+ * columns: 34 vs 40 GB/s), hence only from DOT2_MIN_K columns on; measured
+ * at 2048x8192 (best | median GB/s): 1 thread 32.8 | 23 -> 35.6 | 27,
+ * 2 threads 37 | 12 -> 38 | 17 (a loaded machine: medians are noisy).
+ * The prefetch follows the pair's stream: PF_DIST ahead in both rows, and
+ * into the next pair once past the rows' ends. */
+#define DOT2_MIN_K 4096
+#define DEF_DENSE2(TY)                                                                         \
+    AI void dot2_##TY(const uint8_t *w0, size_t rb, const float *x, int64_t K, float *out) {   \
+        const uint8_t *w1 = w0 + rb;                                                           \
+        __m256 a[2][4];                                                                        \
+        for (int r = 0; r < 2; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps(); \
+        const uint8_t *pb = w0 + PF_DIST / rb * 2 * rb; /* prefetch: pair base, offset */      \
+        size_t po = PF_DIST % rb;                                                              \
+        int64_t k = 0;                                                                         \
+        for (; k + 32 <= K; k += 32) {                                                         \
+            _mm_prefetch((const char *)pb + po, _MM_HINT_T0);                                  \
+            _mm_prefetch((const char *)pb + rb + po, _MM_HINT_T0);                             \
+            po += 32 * sizeof(TY##_elem);                                                      \
+            if (po >= rb) po -= rb, pb += 2 * rb;                                              \
+            for (int c = 0; c < 4; c++) {                                                      \
+                __m256 xc = _mm256_loadu_ps(x + k + 8 * c);                                    \
+                a[0][c] = _mm256_fmadd_ps(load_##TY(w0, k + 8 * c), xc, a[0][c]);              \
+                a[1][c] = _mm256_fmadd_ps(load_##TY(w1, k + 8 * c), xc, a[1][c]);              \
+            }                                                                                  \
+        }                                                                                      \
+        for (; k < K; k += 16) {                                                               \
+            int64_t n = K - k;                                                                 \
+            __m256 x0 = n >= 8 ? _mm256_loadu_ps(x + k) : loadn_x(x + k, n);                   \
+            __m256 x1 = n >= 16 ? _mm256_loadu_ps(x + k + 8)                                   \
+                                : n > 8 ? loadn_x(x + k + 8, n - 8) : _mm256_setzero_ps();    \
+            for (int r = 0; r < 2; r++) {                                                      \
+                const uint8_t *wr = r ? w1 : w0;                                               \
+                __m256 v0 = n >= 8 ? load_##TY(wr, k) : loadn_##TY(wr, k, n);                 \
+                __m256 v1 = n >= 16 ? load_##TY(wr, k + 8)                                     \
+                                    : n > 8 ? loadn_##TY(wr, k + 8, n - 8) : _mm256_setzero_ps(); \
+                a[r][0] = _mm256_fmadd_ps(v0, x0, a[r][0]);                                    \
+                a[r][1] = _mm256_fmadd_ps(v1, x1, a[r][1]);                                    \
+            }                                                                                  \
+        }                                                                                      \
+        for (int r = 0; r < 2; r++)                                                            \
+            out[r] = reduce16(_mm256_add_ps(a[r][0], a[r][2]), _mm256_add_ps(a[r][1], a[r][3])); \
+    }
+DEF_DENSE2(f32)
+DEF_DENSE2(f16)
+DEF_DENSE2(bf16)
+
 /* Q4_0 block: byte i holds x[i] (low nibble) and x[i+16] (high), q - 8;
  * v[0..3] are elements 0-7, 8-15, 16-23, 24-31. */
 AI void q4_unpack(const uint8_t *q, __m256 v[4]) {
@@ -153,11 +207,14 @@ AI void dot_q4_0(const uint8_t *wr, const float *x, int64_t K, const int NT, flo
 
 /* Rows × token chunks of 4; NT is a constant in each call so the
  * accumulators stay in registers. */
-#define DEF_MATVEC(TY)                                                                          \
+#define DEF_MATVEC(TY, PAIRS)                                                                   \
     static void mv_##TY(const uint8_t *w, size_t rb, int64_t nrows, const float *x, int64_t T, \
                         int64_t K, float *y, int64_t ldy) {                                     \
         float o[4];                                                                             \
-        for (int64_t r = 0; r < nrows; r++) {                                                   \
+        int64_t r = 0;                                                                          \
+        if (PAIRS && T == 1 && K >= DOT2_MIN_K)                                                 \
+            for (; r + 2 <= nrows; r += 2) dot2_##TY(w + (size_t)r * rb, rb, x, K, y + r);      \
+        for (; r < nrows; r++) {                                                                \
             const uint8_t *wr = w + (size_t)r * rb;                                             \
             for (int64_t t0 = 0; t0 < T; t0 += 3) {                                             \
                 int64_t nt = T - t0 < 3 ? T - t0 : 3;                                           \
@@ -171,10 +228,12 @@ AI void dot_q4_0(const uint8_t *wr, const float *x, int64_t K, const int NT, flo
             }                                                                                   \
         }                                                                                       \
     }
-DEF_MATVEC(f32)
-DEF_MATVEC(f16)
-DEF_MATVEC(bf16)
-DEF_MATVEC(q4_0)
+/* dot2 for the dense types (PAIRS 1); Q4_0 rows are a quarter the bytes. */
+#define dot2_q4_0(w, rb, x, K, y) ((void)0)
+DEF_MATVEC(f32, 1)
+DEF_MATVEC(f16, 1)
+DEF_MATVEC(bf16, 1)
+DEF_MATVEC(q4_0, 0)
 
 static void av2_matvec(uint32_t wtype, const uint8_t *w, size_t rb, int64_t nrows, const float *x,
                        int64_t T, int64_t K, float *y, int64_t ldy, float *scratch) {

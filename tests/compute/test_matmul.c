@@ -1,6 +1,6 @@
 /* test_matmul.c — cpu_matmul against a double-precision reference computed
  * from st_dequant_row: every weight type × every SIMD level this CPU has ×
- * shapes (K not a multiple of 16/64 for the dense types, odd N, T = 1, 2, 3,
+ * shapes (K not a multiple of 16/64 for the dense types, odd N, long rows, T = 1, 2, 3,
  * 7, 64, 70 covering matvec and GEMM paths, a T > 256 chunked GEMM, the
  * OpenBLAS GEMM path) × pools of 1, 2 and 3 threads; bad types and shapes.
  * Every level's output must be the scalar level's, bit for bit. */
@@ -260,8 +260,10 @@ static void check_q8_gemm(st_pool *pool) {
 int main(void) {
     const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0};
     const int64_t Ts[] = {1, 2, 3, 7, 17, 64, 70};
-    /* (K, N): dense types get K that are not multiples of 16 or 64. */
-    const int64_t dense_kn[][2] = {{5, 3}, {37, 17}, {300, 201}, {64, 1}, {48, 5}, {24, 4}};
+    /* (K, N): dense types get K that are not multiples of 16 or 64; K >= 4096
+     * takes the AVX2 decode kernel that dots two rows at once (odd N: a
+     * single last row; K % 32 = 4: a partial tail chunk). */
+    const int64_t dense_kn[][2] = {{5, 3}, {37, 17}, {300, 201}, {64, 1}, {48, 5}, {24, 4}, {4100, 7}, {4096, 6}};
     const int64_t quant_kn[][2] = {{32, 5}, {96, 17}, {320, 201}, {544, 3}};
     const char *best = cpu_simd_level();
     fprintf(stderr, "best SIMD level: %s\n", best);
@@ -284,7 +286,7 @@ int main(void) {
         for (int ti = 0; ti < 5; ti++) {
             uint32_t type = types[ti];
             int dense = ggml_block_size(type) == 1;
-            int nkn = dense ? 6 : 4;
+            int nkn = dense ? 8 : 4;
             for (int s = 0; s < nkn; s++) {
                 int64_t K = dense ? dense_kn[s][0] : quant_kn[s][0];
                 int64_t N = dense ? dense_kn[s][1] : quant_kn[s][1];
