@@ -36,7 +36,6 @@
  * Plaintext by default; --ca/--cert/--key for mutual TLS (the certificate
  * must allow every simulated node's name, docs/security.md).
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -52,6 +51,7 @@
 #include "common/clock.h"
 #include "daemon/registration.h"
 #include "proto/control.pb-c.h"
+#include "rpc/grpc_absl.h"
 
 #define LIST_EVERY_S 0.25
 #define LIST_TIMEOUT_S 30.0
@@ -519,19 +519,6 @@ static void report(run *r) {
 
 /* ---------------------------------------------------------------- main */
 
-/* Debian's abseil is built without NDEBUG, so every absl::Mutex lock in gRPC
- * runs the deadlock detector, whose pointer map has a fixed 8171 buckets: with
- * thousands of channels (several mutexes each) its chains grow long and it
- * becomes a large share of the CPU per call. The detector finds bugs in gRPC,
- * not in Strata: turned off here through abseil's own switch
- * (absl::SetMutexDeadlockDetectionMode(kIgnore), a C++ function, called by
- * its name; nothing happens when this abseil does not have it). */
-static void absl_deadlock_detection_off(void) {
-    void (*set)(int) = (void (*)(int))dlsym(RTLD_DEFAULT,
-                                            "_ZN4absl7debian329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE");
-    if (set) set(0); /* absl::OnDeadlockCycle::kIgnore */
-}
-
 int main(int argc, char **argv) {
     run r;
     memset(&r, 0, sizeof r);
@@ -541,7 +528,7 @@ int main(int argc, char **argv) {
     }
     if (raise_nofile(&r.o) != 0) return 2;
     signal(SIGPIPE, SIG_IGN);
-    absl_deadlock_detection_off();
+    rpc_absl_debug_off(); /* before the first channel: rpc/grpc_absl.h */
     sim_node_desc *d = &r.f.desc;
     d->prefix = r.o.prefix;
     d->first = (uint32_t)r.o.first;

@@ -3,6 +3,7 @@
  * completion queue per call; asynchronous unary calls on the caller's queue.
  */
 #include "rpc/grpc_client.h"
+#include "rpc/grpc_absl.h"
 #include "rpc/grpc_log.h"
 
 #include <grpc/byte_buffer.h>
@@ -48,6 +49,7 @@ static rpc_client *create(const char *target, const rpc_tls *tls, bool own_conne
         return NULL;
     }
     rpc_log_install();
+    rpc_absl_debug_off();
     grpc_init();
     grpc_channel_credentials *creds = channel_creds(tls, err);
     if (!creds) {

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "rpc/grpc_absl.h"
 #include "rpc/grpc_log.h"
 
 enum tag_kind { TAG_NEW, TAG_SHUTDOWN, TAG_CLOSE, TAG_RECV, TAG_SEND, TAG_STATUS };
@@ -641,6 +642,7 @@ rpc_server *rpc_server_create(const char *addr, const rpc_tls *tls, st_err *err)
         return NULL;
     }
     rpc_log_install();
+    rpc_absl_debug_off();
     grpc_init();
     grpc_server_credentials *creds = server_creds(s, tls, err);
     if (!creds) {
