@@ -684,6 +684,28 @@ static void handle_release(worker *w, uint64_t epoch)
     stage_release(w, st);
 }
 
+int worker_release_stale(worker *w, uint64_t serving_epoch)
+{
+    int n = 0;
+    wstage *next;
+    for (wstage *st = w->stages; st; st = next) {
+        next = st->link;
+        /* Only a stage nothing can reach any more: an older epoch, and no
+         * coordinator connection (a recovery or a placement change adopts
+         * loaded weights only through a new StageAssign over a live
+         * connection, before its epoch serves; a re-attaching coordinator
+         * serves the same epoch, not a newer one). */
+        if (st->state == W_IDLE || !st->cur.epoch || st->cur.epoch >= serving_epoch || st->coord) continue;
+        ST_INFO("worker: releasing the stage of epoch %llu (stage %u, layers [%d, %d)): the coordinator serves "
+                "epoch %llu and the stage's connection is gone",
+                (unsigned long long)st->cur.epoch, st->cur.stage, st->cur.first_layer, st->cur.last_layer,
+                (unsigned long long)serving_epoch);
+        stage_release(w, st);
+        n++;
+    }
+    return n;
+}
+
 /* The stage that answers StatsRequest from peer: the one it assigned, else the newest. */
 static wstage *stage_for_peer(worker *w, xport_peer *peer)
 {

@@ -330,7 +330,10 @@ static void on_load_tick(evutil_socket_t fd, short what, void *arg)
                    .busy_seconds = wl.busy_seconds,
                    .uptime_seconds = wl.uptime_seconds,
                    .bytes_sent = wl.bytes_sent};
-    if (t->reg) reg_set_load(t->reg, &rl);
+    if (t->reg) {
+        reg_set_load(t->reg, &rl);
+        worker_release_stale(t->w, reg_serving_epoch(t->reg));
+    }
     if (wl.n_stages)
         st_notify_status("serving %d stage(s): %u sequence(s), %u/%d KV blocks used%s", wl.n_stages,
                          wl.running_sequences, wl.kv_blocks_used, wl.kv_blocks,

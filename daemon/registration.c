@@ -50,7 +50,15 @@ struct reg_client {
     const char *leave_reason; /* reg_leave: send Leave before the thread ends */
     reg_load load;
     int registered;
+    uint64_t serving_epoch; /* the coordinator's serving placement epoch, last answer (reg_serving_epoch) */
 };
+
+static void set_serving_epoch(reg_client *r, uint64_t epoch)
+{
+    pthread_mutex_lock(&r->mu);
+    r->serving_epoch = epoch;
+    pthread_mutex_unlock(&r->mu);
+}
 
 /* ---------------------------------------------------------------- hashing */
 
@@ -248,6 +256,7 @@ static int do_register(reg_client *r, rpc_client *c, uint64_t *lease, uint32_t *
     ST_INFO("registration: registered as %s with %s: lease %016" PRIx64 ", heartbeat every %u ms, "
             "placement epoch %" PRIu64,
             r->node, r->coordinator, rep->lease_id, *interval_ms, rep->placement_epoch);
+    set_serving_epoch(r, rep->placement_epoch);
     protobuf_c_message_free_unpacked(out, NULL);
     return 0;
 }
@@ -417,12 +426,14 @@ static void *reg_main(void *arg)
                 lease = 0;
                 pthread_mutex_lock(&r->mu);
                 r->registered = 0;
+                r->serving_epoch = 0; /* unknown until the new one answers */
                 pthread_mutex_unlock(&r->mu);
             }
             continue;
         }
         warned = false;
         Strata__V1__HeartbeatReply *rep = (Strata__V1__HeartbeatReply *)out;
+        set_serving_epoch(r, rep->reregister ? 0 : rep->placement_epoch);
         if (rep->reregister) {
             ST_INFO("registration: the coordinator does not know lease %016" PRIx64 "; registering again", lease);
             lease = 0;
@@ -533,6 +544,14 @@ int reg_registered(reg_client *r)
 {
     pthread_mutex_lock(&r->mu);
     int v = r->registered;
+    pthread_mutex_unlock(&r->mu);
+    return v;
+}
+
+uint64_t reg_serving_epoch(reg_client *r)
+{
+    pthread_mutex_lock(&r->mu);
+    uint64_t v = r->serving_epoch;
     pthread_mutex_unlock(&r->mu);
     return v;
 }

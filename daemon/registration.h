@@ -71,6 +71,10 @@ reg_client *reg_start(const reg_opts *o, st_err *err);
 void reg_set_load(reg_client *r, const reg_load *l);
 /* 1 once registered with the current coordinator (for logs and tests). */
 int reg_registered(reg_client *r);
+/* The placement epoch the current coordinator serves, as its last
+ * RegisterReply / HeartbeatReply said (0: none answered yet, it serves none,
+ * or it changed: a fail-over or a reregister resets it). Thread-safe. */
+uint64_t reg_serving_epoch(reg_client *r);
 /* Stops and joins the thread (a call in flight ends within its deadline). NULL ok. */
 void reg_stop(reg_client *r);
 /* As reg_stop, but first tells the coordinator that this node leaves

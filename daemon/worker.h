@@ -80,6 +80,12 @@ void worker_load_get(worker *w, worker_load *out);
  * (with current cumulative values), else worker_load_get. Loop thread. */
 void worker_load_recent(worker *w, worker_load *out);
 
+/* Releases every stage of an epoch older than serving_epoch (the
+ * coordinator's, daemon/registration.h reg_serving_epoch) whose coordinator
+ * connection is gone: its StageRelease can never arrive (it went over that
+ * connection, e.g. cut by a partition). A stage whose connection is alive
+ * waits for its StageRelease. Returns how many it released. Loop thread. */
+int worker_release_stale(worker *w, uint64_t serving_epoch);
 /* Starts listening and the compute thread. NULL + err on failure (bad
  * address, port in use, UCX error). */
 worker *worker_create(struct event_base *base, const worker_opts *o, st_err *err);

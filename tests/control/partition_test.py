@@ -9,7 +9,12 @@ worker that holds stage 0 once every stream has some 20 tokens:
   down  the root end of its veth is set down (a cut cable);
   drop  nft in its namespace silently drops every packet through its veth
         (no reset, no carrier change: only the per-micro-batch deadline
-        can see it).
+        can see it);
+  late  as down, but the link heals only after the spare's epoch serves and
+        the coordinator closed the old epoch's connections while the cable
+        was cut: the StageRelease it sent there is lost, and the returning
+        worker must release its old stage by itself (its heartbeat names the
+        newer serving epoch, the stage's coordinator connection is gone).
 
 Checks: the coordinator declares the stage lost within the deadline (the
 bound its log line names, plus scheduling slack), the spare takes the stage,
@@ -151,8 +156,10 @@ def run(args, mode, cl):
 
     victim = pl0.stages[0].node
     k = cl.ns_of[victim]
+    cut_off = (lambda: nb.drop(k)) if mode == "drop" else (lambda: nb.down(k))
+    heal = (lambda: nb.undrop(k)) if mode == "drop" else (lambda: nb.up(k))
     print("placement before: epoch %d %s; partitioning %s (stage 0, %s) by %s at %d tokens"
-          % (pl0.epoch, stage_str(pl0), victim, nb.ns[k], "link down" if mode == "down" else "nft drop", FAULT_AT),
+          % (pl0.epoch, stage_str(pl0), victim, nb.ns[k], "nft drop" if mode == "drop" else "link down", FAULT_AT),
           flush=True)
     lock = threading.Lock()
     at = []
@@ -162,7 +169,7 @@ def run(args, mode, cl):
         with lock:
             if not at and min(progress) >= FAULT_AT:
                 at.append(time.time())
-                nb.down(k) if mode == "down" else nb.drop(k)
+                cut_off()
                 at.append(list(progress))
                 cut.set()
     res = []
@@ -201,22 +208,38 @@ def run(args, mode, cl):
                                               r"%d sequence\(s\) held" % (pl0.epoch, victim, N_STREAMS), p.stdout),
               "%s: stratactl status shows the recovery in progress" % mode)
 
-        # Heal while the old epoch is held: the batch that was cut off
-        # (queued in TCP) goes through the returning worker and stage 1 and
-        # comes back to the coordinator for an epoch that lost a stage: it
-        # must be dropped and counted, never delivered to the held requests.
-        nb.up(k) if mode == "down" else nb.undrop(k)
-        print("healed %.1f s after the partition" % (time.time() - t_fault), flush=True)
-        fenced = wait_for(lambda: metric(cl, "strata_fenced_frames_total"), 30, 0.1)
-        print("fenced frames (coordinator): %s" % fenced)
-        check(bool(fenced) and "(epoch lost: fenced)" in cl.log(),
-              "%s: the stale results of epoch %d are dropped and counted (strata_fenced_frames_total %s)"
-              % (mode, pl0.epoch, fenced))
-        check(not cl.serving(), "%s: the returning %s is not used by accident (still held)"
-              % (mode, victim))
+        if mode == "late":
+            # The spare comes while the cable is still cut: its epoch serves,
+            # the StageRelease of epoch 1 goes to the cut connection, and the
+            # old epoch's connections are closed (w-b, which also held a stage
+            # of epoch 1, sees its one close). Only then the link heals.
+            cl.start_worker("w-c")
 
-        # A spare registers: the recovery places the stage on it.
-        cl.start_worker("w-c")
+            def old_closed():
+                log = cl.log("w-b")
+                i = log.find("releasing the stage of epoch %d" % pl0.epoch)
+                return i >= 0 and "xport: disconnecting %s:" % nb.host_ip in log[i:]
+            check(wait_for(old_closed, 30, 0.05),
+                  "late: the old epoch's connections are closed while %s is cut off" % victim)
+            heal()
+            print("healed %.1f s after the partition, after the switch" % (time.time() - t_fault), flush=True)
+        else:
+            # Heal while the old epoch is held: the batch that was cut off
+            # (queued in TCP) goes through the returning worker and stage 1 and
+            # comes back to the coordinator for an epoch that lost a stage: it
+            # must be dropped and counted, never delivered to the held requests.
+            heal()
+            print("healed %.1f s after the partition" % (time.time() - t_fault), flush=True)
+            fenced = wait_for(lambda: metric(cl, "strata_fenced_frames_total"), 30, 0.1)
+            print("fenced frames (coordinator): %s" % fenced)
+            check(bool(fenced) and "(epoch lost: fenced)" in cl.log(),
+                  "%s: the stale results of epoch %d are dropped and counted (strata_fenced_frames_total %s)"
+                  % (mode, pl0.epoch, fenced))
+            check(not cl.serving(), "%s: the returning %s is not used by accident (still held)"
+                  % (mode, victim))
+
+            # A spare registers: the recovery places the stage on it.
+            cl.start_worker("w-c")
     finally:
         streams.join(300)
     out = res[0] if res else [(False, [], ["no result"])] * N_STREAMS
@@ -231,9 +254,13 @@ def run(args, mode, cl):
           [s.node for s in pl1.stages], "%s: a new epoch without %s, on the spare" % (mode, victim))
     check(metric(cl, "strata_recoveries_total") == 1 and metric(cl, "strata_sequences_resumed_total") == N_STREAMS,
           "%s: /metrics counts 1 recovery and %d resumed sequences" % (mode, N_STREAMS))
-    released = wait_for(lambda: "releasing the stage of epoch %d" % pl0.epoch in cl.log(victim), 30, 0.1)
-    check(bool(released), "%s: the returning %s releases its old stage (epoch %d) once the new epoch serves"
-          % (mode, victim, pl0.epoch))
+    # StageRelease over the old connection (when it still carried it), or
+    # the worker's own rule (late: always; the release was lost).
+    why = ": the coordinator serves epoch %d and the stage's connection is gone" % pl1.epoch if mode == "late" else ""
+    released = wait_for(lambda: "releasing the stage of epoch %d (stage 0, layers [0, 3))%s" % (pl0.epoch, why)
+                        in cl.log(victim), 30, 0.1)
+    check(bool(released), "%s: the returning %s releases its old stage (epoch %d%s) once the new epoch serves"
+          % (mode, victim, pl0.epoch, why))
     out = stream_all(cl.http_port, prompts[:2], 48)
     check(all(o[0] and not o[2] and o[1] == b[:48] for o, b in zip(out, base)),
           "%s: after the recovery, new requests equal the no-failure run" % mode)
@@ -256,7 +283,7 @@ def run(args, mode, cl):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["down", "drop"])
+    ap.add_argument("mode", choices=["down", "drop", "late"])
     for a in ("coordinator", "worker", "stratactl", "proto", "shared", "workdir"):
         ap.add_argument("--" + a, required=True)
     args = ap.parse_args()
