@@ -24,6 +24,7 @@
 #include "proto/stage.pb-c.h"
 
 #define RETRY_S 0.25
+#define DROPS_WARN 20 /* failed connections in a row before a stage is ready that get a warning (~5 s of tries) */
 #define STATS_PERIOD_S 0.1
 #define FWD_KEEP 1024 /* forward intervals kept per stage for GET /v1/stages */
 #define BATCH_KEEP 1024 /* micro-batch round trips kept for GET /v1/stages */
@@ -87,6 +88,7 @@ typedef struct stage_link {
     xport_peer *peer;
     enum link_state state;
     char last_error[160];     /* why the last connection failed (the start-up deadline's message) */
+    int drops;                /* connections in a row that failed before the stage was ready */
     int kv_blocks;
     /* latest StageStats */
     bool have_stats;
@@ -859,6 +861,7 @@ static void on_control(cluster *c, stage_link *l, const frame_header *h) {
         }
         if (l->state == LINK_READY) break;
         l->state = LINK_READY;
+        l->drops = 0;
         l->kv_blocks = r->kv_blocks;
         l->load_seconds = r->load_seconds;
         ST_INFO("cluster: stage %d at %s:%d ready: %llu weight bytes, %d KV blocks, loaded in %.2f s",
@@ -1005,6 +1008,12 @@ static void x_on_disconnect(xport_peer *peer, const char *reason, void *ud) {
     if (!l || l->peer != peer) return;
     l->peer = NULL;
     snprintf(l->last_error, sizeof l->last_error, "%s", reason ? reason : "?");
+    if (l->state != LINK_READY && ++l->drops == DROPS_WARN)
+        /* Said once: a worker whose connections keep dying while it is
+         * otherwise alive (docs/recovery.md, "What is not recovered (yet)"). */
+        ST_WARN("cluster: stage %d at %s:%d: %d connections in a row failed before the stage was ready "
+                "(last: %s); still retrying every %.2f s. If the node's heartbeats arrive, its data plane "
+                "(UCX) is what fails, not the node", l->index, l->host, l->port, l->drops, l->last_error, RETRY_S);
     if (c->ready && !c->lost) {
         char msg[ST_ERR_MSG_MAX];
         snprintf(msg, sizeof msg, "stage %d at %s:%d was lost (%s)", l->index, l->host, l->port,
@@ -1074,9 +1083,9 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
     for (int i = 0; i < c->n_stages; i++) {
         stage_link *l = &c->links[i];
         if (l->state == LINK_READY) continue;
-        fatal(c, "stage %d at %s:%d is %s after %.0f s%s%s%s", i, l->host, l->port,
-              l->state == LINK_ASSIGNED ? "connected but not ready" : "unreachable", c->ready_timeout_s,
-              l->last_error[0] ? " (last: " : "", l->last_error, l->last_error[0] ? ")" : "");
+        fatal(c, "stage %d at %s:%d is %s after %.0f s (%d connection(s) failed%s%s)", i, l->host, l->port,
+              l->state == LINK_ASSIGNED ? "connected but not ready" : "unreachable", c->ready_timeout_s, l->drops,
+              l->last_error[0] ? "; last: " : "", l->last_error);
         return;
     }
 }

@@ -53,6 +53,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -812,10 +813,17 @@ def mode_unreachable(args):
     env = dict(os.environ)
     env.setdefault("UCX_TLS", "tcp")
     r = subprocess.run([args.coordinator, "--config", path, "--listen", "127.0.0.1:%d" % free_port(),
-                        "--ready-timeout", "2"], capture_output=True, text=True, timeout=60, env=env)
+                        "--ready-timeout", "12"], capture_output=True, text=True, timeout=60, env=env)
     check(r.returncode == 1, "unreachable worker: exit status %d" % r.returncode)
-    check(("127.0.0.1:%d is unreachable" % port) in r.stderr,
-          "the error names the unreachable stage: %r" % r.stderr.strip().splitlines()[-1:])
+    m = re.search(r"127\.0\.0\.1:%d is unreachable after 12 s \(([0-9]+) connection\(s\) failed; last: " % port,
+                  r.stderr)
+    check(bool(m) and int(m.group(1)) >= 20,
+          "the error names the unreachable stage and counts the failed connections: %r"
+          % r.stderr.strip().splitlines()[-1:])
+    # Retries every 0.25 s: the 20th failure in a row gets one warning.
+    warns = re.findall(r"127\.0\.0\.1:%d: ([0-9]+) connections in a row failed before the stage was ready"
+                       % port, r.stderr)
+    check(warns == ["20"], "one warning at the 20th failed connection in a row: %r" % warns)
 
 
 def main():
