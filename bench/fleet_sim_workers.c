@@ -472,7 +472,7 @@ int sim_fleet_init(sim_fleet *f) {
             w->idx = (uint32_t)k + i * (uint32_t)f->n_threads;
             w->local = i;
             st_err err = {{0}};
-            w->cl = f->shared_connections ? rpc_client_create(f->addr, f->tls, &err)
+            w->cl = f->shared_connections ? rpc_client_create_small(f->addr, f->tls, &err)
                                           : rpc_client_create_own(f->addr, f->tls, &err);
             if (!w->cl) {
                 fprintf(stderr, "strata-fleet-sim: worker %u: %s\n", w->idx, err.msg);

@@ -313,7 +313,7 @@ static bool fail_over(reg_client *r, const rpc_status *st, rpc_client **cs, cons
     if (r->n_targets < 2 || (st->code != RPC_UNAVAILABLE && st->code != RPC_DEADLINE_EXCEEDED)) return false;
     if (!strstr(st->msg, "is a standby")) {
         st_err err = {{0}};
-        rpc_client *fresh = rpc_client_create(r->targets[r->cur], r->ca ? tls : NULL, &err);
+        rpc_client *fresh = rpc_client_create_small(r->targets[r->cur], r->ca ? tls : NULL, &err);
         if (fresh) {
             rpc_client_destroy(cs[r->cur]);
             cs[r->cur] = fresh;
@@ -350,7 +350,7 @@ static void *reg_main(void *arg)
     rpc_tls tls = {r->ca, r->cert, r->key};
     rpc_client *cs[COORD_MAX] = {0};
     for (int i = 0; i < r->n_targets; i++)
-        if (!(cs[i] = rpc_client_create(r->targets[i], r->ca ? &tls : NULL, &err))) {
+        if (!(cs[i] = rpc_client_create_small(r->targets[i], r->ca ? &tls : NULL, &err))) {
             ST_ERROR("registration: %s", err.msg);
             for (int j = 0; j < i; j++) rpc_client_destroy(cs[j]);
             return NULL;

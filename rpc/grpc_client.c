@@ -37,7 +37,10 @@ static grpc_channel_credentials *channel_creds(const rpc_tls *tls, st_err *err) 
     return c;
 }
 
-static rpc_client *create(const char *target, const rpc_tls *tls, bool own_connection, st_err *err) {
+/* own_connection: a TCP connection of its own (no global subchannel pool),
+ * no retry machinery. small_calls: no BDP probing either. */
+static rpc_client *create(const char *target, const rpc_tls *tls, bool own_connection, bool small_calls,
+                          st_err *err) {
     if (!target || !*target) {
         st_errf(err, "rpc: empty server address");
         return NULL;
@@ -61,12 +64,21 @@ static rpc_client *create(const char *target, const rpc_tls *tls, bool own_conne
     /* gRPC's default 4 MiB cap on a received message would make ListNodes
      * fail somewhere past 30k nodes (about 120 bytes each); the limit is
      * RPC_CLIENT_MAX_REPLY (grpc_client.h), reported as RESOURCE_EXHAUSTED. */
-    grpc_arg a[3] = {{.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-                      .value.integer = RPC_CLIENT_MAX_REPLY},
-                     {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
-                      .value.integer = 1},
-                     {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ENABLE_RETRIES, .value.integer = 0}};
-    grpc_channel_args args = {.num_args = own_connection ? 3 : 1, .args = a};
+    grpc_arg a[4];
+    size_t n = 0;
+    a[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+                        .value.integer = RPC_CLIENT_MAX_REPLY};
+    if (own_connection)
+        a[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL,
+                            .value.integer = 1};
+    if (own_connection || small_calls)
+        a[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ENABLE_RETRIES, .value.integer = 0};
+    /* BDP probing pings the server whenever a reply arrives, to grow the
+     * flow-control window for large transfers; for a heartbeat it only costs
+     * the coordinator a ping-ack write and a read per call. */
+    if (small_calls)
+        a[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_HTTP2_BDP_PROBE, .value.integer = 0};
+    grpc_channel_args args = {.num_args = n, .args = a};
     c->ch = grpc_channel_create(target, creds, &args);
     grpc_channel_credentials_release(creds);
     if (!c->ch) {
@@ -80,11 +92,15 @@ static rpc_client *create(const char *target, const rpc_tls *tls, bool own_conne
 }
 
 rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *err) {
-    return create(target, tls, false, err);
+    return create(target, tls, false, false, err);
+}
+
+rpc_client *rpc_client_create_small(const char *target, const rpc_tls *tls, st_err *err) {
+    return create(target, tls, false, true, err);
 }
 
 rpc_client *rpc_client_create_own(const char *target, const rpc_tls *tls, st_err *err) {
-    return create(target, tls, true, err);
+    return create(target, tls, true, true, err);
 }
 
 void rpc_client_destroy(rpc_client *c) {

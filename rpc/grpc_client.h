@@ -41,13 +41,19 @@ typedef struct rpc_client rpc_client;
  * alternative name), and tls->cert / tls->key are our identity. NULL with a
  * message on a bad target or a wrong TLS file (rpc_tls_load). */
 rpc_client *rpc_client_create(const char *target, const rpc_tls *tls, st_err *err);
-/* As rpc_client_create, with a TCP connection of its own: gRPC otherwise
+/* As rpc_client_create, for a channel that carries only small unary calls at
+ * a steady rate (a worker's Register/Heartbeat/Leave): no BDP probing (a
+ * ping per reply, acked by the server: one write and one read of the
+ * coordinator's per heartbeat) and no retry machinery. Large replies (a
+ * stratactl ListNodes of thousands of nodes) want rpc_client_create. */
+rpc_client *rpc_client_create_small(const char *target, const rpc_tls *tls, st_err *err);
+/* As rpc_client_create_small, with a TCP connection of its own: gRPC otherwise
  * shares one connection among a process's channels to the same target (its
  * global subchannel pool), so that a process standing for many nodes would
- * open one connection for all of them. Its calls also skip gRPC's retry
- * machinery (no retry policy is ever configured, so nothing is retried
- * either way; it only costs client CPU per call: about 17% of the fleet
- * simulator's). */
+ * open one connection for all of them (the fleet simulator's workers). Like
+ * rpc_client_create_small, its calls skip gRPC's retry machinery (no retry
+ * policy is ever configured, so nothing is retried either way; it only costs
+ * client CPU per call: about 17% of the fleet simulator's). */
 rpc_client *rpc_client_create_own(const char *target, const rpc_tls *tls, st_err *err);
 /* Closes the channel. NULL is a no-op. */
 void rpc_client_destroy(rpc_client *c);
