@@ -40,10 +40,12 @@
 # UCX_NET_DEVICES=lo unless set (everything runs on 127.0.0.1; another
 # interface, e.g. a test's veth, would only add lanes that may not connect).
 # STRATA_XPORT_POLL_US passes through to the cluster (docs/protocol.md, "Polling";
-# unset: adaptive polling with spins of at most 1000 us, 0: off); part 3 also
+# unset here: 1000, adaptive polling with spins of at most 1000 us, so that the
+# run compares it with the product's default, 0: off); part 3 also
 # prints strata-bench-xport's one-way latency after a 40 ms idle gap (a
 # pipeline's) with the polling on and off, alternating in one run.
 set -euo pipefail
+export STRATA_XPORT_POLL_US="${STRATA_XPORT_POLL_US-1000}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 gen=32
@@ -163,7 +165,7 @@ fi
 n_embd=$("$build/cli/strata-gguf" inspect "$model" | sed -n 's/.*embedding_length = \([0-9]*\).*/\1/p')
 act_bytes=$((n_embd * 4))
 echo "# model $model (n_embd $n_embd), $gen generated tokens, UCX_TLS=$UCX_TLS, $(nproc) CPUs," \
-     "STRATA_XPORT_POLL_US=${STRATA_XPORT_POLL_US:-unset (default 1000)}, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+     "STRATA_XPORT_POLL_US=${STRATA_XPORT_POLL_US}, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ "$hop_only" = 0 ]; then
 echo "## single process (strata-bench, 2 threads)"
@@ -192,7 +194,7 @@ fi
 pp2_run() {
 local sfx="$1" ho="$2"
 wthreads=${WORKER_THREADS:-2}
-echo "## PP 2 cluster (2 workers x $wthreads threads, TP 1), STRATA_XPORT_POLL_US=${STRATA_XPORT_POLL_US:-unset (default 1000)}"
+echo "## PP 2 cluster (2 workers x $wthreads threads, TP 1), STRATA_XPORT_POLL_US=${STRATA_XPORT_POLL_US}"
 local p0 p1 http win0 win1
 p0=$(free_port); p1=$(free_port); http=$(free_port)
 cat > "$tmp/cluster.ini" <<EOF

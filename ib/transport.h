@@ -13,7 +13,7 @@
  * on the worker over a window around the expected arrival, woken by a timer
  * shortly before it, instead of sleeping until the frame wakes it (a wake-up
  * of an idle CPU costs 100+ us on a VM). At most one spin per gap, of at most
- * STRATA_XPORT_POLL_US=N us (0..10000; default 1000; 0 = never spin, always
+ * STRATA_XPORT_POLL_US=N us (0..10000; default 0 = never spin, always
  * sleep in epoll); xport_stats counts the spins, their CPU time and hits.
  * docs/protocol.md, "Polling".
  *

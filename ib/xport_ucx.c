@@ -62,7 +62,7 @@
 /* Adaptive polling (docs/protocol.md, "Polling"). STRATA_XPORT_POLL_US: the
  * most one spin may last; unset: XPORT_POLL_DEFAULT_US. */
 #define XPORT_POLL_MAX_US 10000
-#define XPORT_POLL_DEFAULT_US 1000
+#define XPORT_POLL_DEFAULT_US 0 /* off: on the quiet test machine it did not win (docs/protocol.md) */
 #define XPORT_SPARE_CHECK_NS 50000u /* a spin looks for a free CPU this often */
 /* A window under 1/32 of its gap may take a busy CPU: it costs the compute
  * threads at most ~3% of one CPU; a longer one spins only on a free CPU. */

@@ -369,7 +369,7 @@ static xport_peer *test_echo_100(struct parent *s, int port)
     xport_peer_set_user(p, s);
     s->next_expected = 0;
     long poll_default = xport_poll_us(s->x);
-    CHECK_EQ_INT(poll_default, 1000); /* on unless STRATA_XPORT_POLL_US says otherwise */
+    CHECK_EQ_INT(poll_default, 0); /* off unless STRATA_XPORT_POLL_US says otherwise */
     CHECK_EQ_INT(xport_set_poll_us(s->x, 0, &err), 0);
     double t0 = now_s();
     for (int i = 0; i < N_FRAMES; i++) CHECK_EQ_INT(send_frame(s, p, i), 0);
