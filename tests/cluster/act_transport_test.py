@@ -73,6 +73,16 @@ from security_test import KEY, read, ref_tokens, rogue, start_worker, stop, writ
 HEX_ID = re.compile(r"boundary 0->1: nccl id (sent to|received from) \S+ \(128 bytes\): ([0-9a-f]+)")
 
 
+
+def stop_and_check_released(cl, kind, what):
+    """Stops cl; each worker exits 0 and its fake GPU module's last
+    `fake-gpu: KIND_alloc|KIND_free ... live N` line says N = 0."""
+    rcs = cl.stop()
+    for i in (0, 1):
+        check(rcs.get("worker%d" % i) == 0, "worker %d exits 0 on SIGTERM (%s)" % (i, rcs.get("worker%d" % i)))
+        lives = re.findall(r"fake-gpu: %s_(?:alloc \d+|free) live (\d+)" % kind, logs(cl, i))
+        check(lives and lives[-1] == "0", "worker %d %s (live %s at the end)" % (i, what, lives[-1] if lives else "?"))
+
 def logs(cl, i):
     return read(os.path.join(cl.tmp, "worker%d.log" % i))
 
@@ -136,12 +146,7 @@ def mode_pinned(args):
             allocs = re.findall(r"fake-gpu: host_alloc (\d+) live (\d+)", w)
             check(len(allocs) >= 1, "worker %d took %d pinned hand-off buffer(s) from the module" % (i, len(allocs)))
             check(all(int(b) >= 64 << 10 for b, _ in allocs), "each of at least 64 KiB (the pool's minimum)")
-        rcs = cl.stop()
-        for i in (0, 1):
-            check(rcs.get("worker%d" % i) == 0, "worker %d exits 0 on SIGTERM (%s)" % (i, rcs.get("worker%d" % i)))
-            lives = re.findall(r"fake-gpu: host_(?:alloc \d+|free) live (\d+)", logs(cl, i))
-            check(lives and lives[-1] == "0", "worker %d gave every pinned buffer back (live %s at the end)"
-                  % (i, lives[-1] if lives else "?"))
+        stop_and_check_released(cl, "host", "gave every pinned buffer back")
     finally:
         os.environ.pop("STRATA_BACKEND_PATH", None)
         if FAILS:
@@ -185,12 +190,7 @@ def mode_ucx_cuda(args):
         check(fwd == 4, "stage 0 started the 4 sequences (%d)" % fwd)
         check(all(1 <= len(a) <= 6 for a in again), "a handful of device buffers, not one a forward (%s)"
               % [len(a) for a in again])
-        rcs = cl.stop()
-        for i in (0, 1):
-            check(rcs.get("worker%d" % i) == 0, "worker %d exits 0 on SIGTERM (%s)" % (i, rcs.get("worker%d" % i)))
-            lives = re.findall(r"fake-gpu: dev_(?:alloc \d+|free) live (\d+)", logs(cl, i))
-            check(lives and lives[-1] == "0", "worker %d freed every device buffer (live %s at the end)"
-                  % (i, lives[-1] if lives else "?"))
+        stop_and_check_released(cl, "dev", "freed every device buffer")
     finally:
         for k in env:
             os.environ.pop(k, None)
