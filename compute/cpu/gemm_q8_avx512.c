@@ -138,6 +138,7 @@ AI void tile(const int NT, const int8_t *q, const float *d, const int32_t *c, in
                     int32_t v;
                     memcpy(&v, xb + t * K + 4 * s, 4);
                     acc[t] = step(acc[t], wv, aw, neg, v);
+                    __asm__("" : "+v"(acc[t])); /* a running sum: see gemm_q8_avx2.c */
                 }
             }
             const __m512 dv = _mm512_load_ps(d + p * RG);
