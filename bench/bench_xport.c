@@ -19,6 +19,8 @@
  * meanwhile, as a stage does, and takes (arrival - stamp). Rounds alternate
  * the client's adaptive polling (ib/transport.h) on (STRATA_XPORT_POLL_US, or
  * its default) and off (0); medians of each, with the spins' CPU time.
+ * Then the same case over plain TCP loopback without UCX (bench/tcp_floor.h),
+ * the floor of this machine's kernel and CPUs.
  * Transports come from UCX's environment (UCX_TLS, UCX_NET_DEVICES). Compare
  * with: ucx_perftest -t ucp_am_lat / ucp_am_bw -s SIZE (see docs/protocol.md).
  */
@@ -30,6 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/tcp_floor.h"
 #include "common/clock.h"
 #include "ib/transport.h"
 
@@ -299,6 +302,9 @@ static int run_client(const char *host, int port)
         fprintf(stderr, "client: the gap rounds failed\n");
         return 1;
     }
+    double floor_us[2];
+    if (gap_ms > 0 && tcp_floor(gap_ms, gap_bytes, 40, floor_us))
+        fprintf(stderr, "client: the plain TCP rounds failed\n");
     xport_mem_unregister(b.x, b.buf);
     xport_destroy(b.x);
     event_base_free(b.base);

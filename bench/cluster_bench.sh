@@ -30,6 +30,11 @@
 #     sleeps as ours do) at the activation size of one token (n_embd x 4
 #     bytes, f32), and the ratio to ucx_perftest's polling figure (medians:
 #     both are one-way; on a shared machine means follow preemptions).
+#     Then the floor: the same 40 ms gap over plain TCP loopback without
+#     UCX (bench/tcp_floor.h), blocked and spinning, and the cluster's
+#     ratio to it. ucx_perftest sends back to back with hot caches; a
+#     pipeline's hop comes after an idle gap (a forward elsewhere), when
+#     waking the idle CPUs, not the copies, costs the most.
 #     Before that, where the hop's time goes: the cluster runs with
 #     STRATA_HOP_TRACE (common/hop_trace.h) and bench/hop_breakdown.py splits
 #     each batch's hops into wake-up, receive, hand-off and send. Unless
@@ -300,7 +305,11 @@ if [ "${STRATA_XPORT_POLL_US:-}" != 0 ]; then
 fi
 
 echo "## one-hop latency at the activation size ($act_bytes B per token)"
-"$build/bench/strata-bench-xport" --gap-ms 40 2>/dev/null | grep -Ei "latency|bytes|gap|^ *[0-9]" | head -14 || true
+"$build/bench/strata-bench-xport" --gap-ms 40 --gap-bytes "$act_bytes" 2>/dev/null > "$tmp/xport.txt" || true
+grep -Ei "latency|bytes|gap|^ *[0-9]" "$tmp/xport.txt" | head -16 || true
+# "... plain TCP loopback ...: receiver blocked in poll median X us, ...; spinning median Y us, ..."
+read -r tcp_blocked tcp_spin < <(awk '/plain TCP loopback/ {
+    for (i = 1; i <= NF; i++) if ($i == "median") m[++n] = $(i + 1); print m[1], m[2] }' "$tmp/xport.txt") || true
 port=$(free_port)
 ucx_perftest -t ucp_am_lat -s "$act_bytes" -n 2000 -w 200 -p "$port" >/dev/null 2>&1 & pids+=($!)
 sleep 1
@@ -324,4 +333,10 @@ if [ -n "$perf_med" ] && [ -n "${hop_med:-}" ]; then
       -v b="$act_bytes" -v om="${off_med:-}" -v oa="${off_mean:-}" -v poll="${STRATA_XPORT_POLL_US:-1000}" 'BEGIN {
     printf "per hop at %d B: cluster median %.1f us (mean %.1f; STRATA_XPORT_POLL_US=%s)%s; ucx_perftest ucp_am_lat median %.1f us (mean %.1f), -E sleep median %.1f us; ratio to ucx_perftest %.2fx (medians), %.2fx (means)\n",
            b, hm, ha, poll, om == "" ? "" : sprintf(", polling off %.1f us (mean %.1f)", om, oa), pm, pa, ps, hm / pm, ha / pa }'
+fi
+if [ -n "${tcp_blocked:-}" ] && [ -n "${hop_med:-}" ]; then
+  awk -v hm="$hop_med" -v om="${off_med:-}" -v tb="$tcp_blocked" -v ts="$tcp_spin" -v b="$act_bytes" \
+      -v poll="${STRATA_XPORT_POLL_US:-1000}" 'BEGIN {
+    printf "floor at %d B after the same 40 ms gap: plain TCP loopback without UCX %.1f us (receiver blocked), %.1f us (spinning); cluster %.1f us (STRATA_XPORT_POLL_US=%s) = %.2fx the blocked floor%s\n",
+           b, tb, ts, hm, poll, hm / tb, om == "" ? "" : sprintf(", polling off %.1f us = %.2fx", om, om / tb) }'
 fi
