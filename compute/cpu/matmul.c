@@ -164,13 +164,15 @@ typedef struct {
     float *scratch;   /* per thread: scratch_n floats each */
     size_t scratch_n;
     cpu_gemm_args g;  /* own GEMM */
-    atomic_long next_row; /* matvec: first weight row not yet claimed */
-    long min_rows;        /* matvec: smallest chunk of rows a thread claims */
+    atomic_long next_row; /* matvec and GEMMs: first weight row not yet claimed */
+    long min_rows;        /* smallest chunk of rows a thread claims */
+    long granule;         /* chunks are multiples of this many rows (16, or the own GEMM's tile) */
 } mm_job;
 
 /* The matvec hands out weight rows in chunks from one counter, largest
  * first (guided scheduling: a chunk is the unclaimed rows / (2 * nth),
- * rounded up to 16 rows and at least min_rows, about 64 KiB of weights).
+ * rounded up to the granule, 16 rows, and at least min_rows, about 64 KiB of
+ * weights; the own GEMM claims whole CPU_GEMM_NB-row tiles the same way).
  * A statically split matvec waits for its slowest thread, and on a machine
  * shared with other work a thread that loses its core for a time slice
  * stalls every matmul it is in; here the other thread takes over the
@@ -183,7 +185,7 @@ static int claim_rows(mm_job *j, int nth, long *lo, long *hi) {
     for (;;) {
         if (cur >= n) return 0;
         long take = (n - cur + 2L * nth - 1) / (2L * nth);
-        take = (take + 15) / 16 * 16;
+        take = (take + j->granule - 1) / j->granule * j->granule;
         if (take < j->min_rows) take = j->min_rows;
         if (take > n - cur) take = n - cur;
         if (atomic_compare_exchange_weak_explicit(&j->next_row, &cur, cur + take, memory_order_relaxed,
@@ -320,13 +322,14 @@ static void gemm_rows(const cpu_kernels *kn, const cpu_gemm_args *a, int64_t n_l
     }
 }
 
+/* Rows claimed in whole tiles as the matvec claims them (claim_rows), so
+ * that a thread that loses its core does not hold up the call; each row is
+ * one sequential FMA sum over k whichever thread and tile compute it. */
 static void run_own_gemm(void *p, int ith, int nth) {
     mm_job *j = p;
     long lo, hi;
-    st_split_range((long)j->N, ith, nth, &lo, &hi);
-    if (hi <= lo) return;
     float *wc = j->scratch + (size_t)ith * j->scratch_n;
-    gemm_rows(j->kn, &j->g, lo, hi, wc, wc + CPU_GEMM_NB * CPU_GEMM_KC);
+    while (claim_rows(j, nth, &lo, &hi)) gemm_rows(j->kn, &j->g, lo, hi, wc, wc + CPU_GEMM_NB * CPU_GEMM_KC);
 }
 
 static void run_blas_gemm(void *p, int ith, int nth) {
@@ -386,7 +389,7 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
     const cpu_kernels *kn = kernels_for(lv);
     int nth = st_pool_size(pool);
     mm_job j = {.kn = kn, .y = y, .x = x, .w = w, .wtype = wtype, .T = T, .K = K, .N = N, .rb = rb,
-                .min_rows = matvec_min_rows(rb)};
+                .min_rows = matvec_min_rows(rb), .granule = 16};
     atomic_init(&j.next_row, 0);
 
     const int q8_float = wtype == GGML_TYPE_Q8_0 && atomic_load(&mm_q8_float);
@@ -449,6 +452,8 @@ int cpu_matmul(st_pool *pool, float *y, const float *x, const void *w, uint32_t 
             j.g = (cpu_gemm_args){.w = w, .rb = rb, .wtype = wtype, .K = K, .N = N, .xp = xp, .T = tc,
                                   .Tp = (tc + 15) / 16 * 16, .y = y + t0 * N};
             st_pool_run(pool, run_pack, &j);
+            j.granule = j.min_rows = CPU_GEMM_NB;
+            atomic_store(&j.next_row, 0);
             st_pool_run(pool, run_own_gemm, &j);
         }
         free(xp);

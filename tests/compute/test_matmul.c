@@ -300,6 +300,8 @@ int main(void) {
         /* T > 256: the own GEMM packs x in chunks of 256 tokens. */
         if (np == 2) {
             check_case(pool, GGML_TYPE_F16, 260, 40, 9, 0);
+            /* ... over several CPU_GEMM_NB-row chunks claimed anew in each token chunk. */
+            check_case(pool, GGML_TYPE_F16, 260, 40, 200, 0);
             check_case(pool, GGML_TYPE_Q8_0, 300, 64, 7, 0);
             /* Token tiles of 16, 32 and 48 in the own GEMM's micro-kernel. */
             check_case(pool, GGML_TYPE_F16, 9, 130, 50, 0);
