@@ -1,6 +1,6 @@
 """harness.py — the pieces the Python integration tests (tests/control,
 tests/cluster, tests/api) and bench/failover.py share: check() and its FAILS
-list, free_port(), wait_for(), an SSE reader, a greedy SSE completion, and
+list, free_port(), closed_port(), wait_for(), an SSE reader, a greedy SSE completion, and
 the start of a live cluster's state (LiveBase). stdlib only; scripts import it
 with sys.path.insert(0, <the tests/ folder>).
 """
@@ -44,6 +44,15 @@ def free_port(host="127.0.0.1"):
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+def closed_port(host="127.0.0.1"):
+    """A port that refuses connections for as long as the returned socket
+    lives: bound but not listening, so no other process (a test running
+    beside this one) can start listening there. Returns (socket, port)."""
+    s = socket.socket()
+    s.bind((host, 0))
+    return s, s.getsockname()[1]
 
 
 def wait_for(fn, timeout, step=0.05):

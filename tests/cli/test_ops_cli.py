@@ -26,7 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import FAILS, LiveBase, check, free_port, reap, wait_for  # noqa: E402
+from harness import FAILS, LiveBase, check, closed_port, free_port, reap, wait_for  # noqa: E402
 
 BUILD, SHARED = sys.argv[1], sys.argv[2]
 BINS = {"strata-coordinator": "coordinator", "strata-worker": "daemon", "stratactl": "cli",
@@ -57,7 +57,11 @@ def versions():
 
 
 def ctl_mistakes():
-    closed = free_port()
+    # Ports held closed (bound, not listening) for the whole check: a port
+    # that free_port() picked was once taken meanwhile by another test's HTTP
+    # server, and "nothing listening" met an answer.
+    hold, closed = closed_port()
+    hold2, closed2 = closed_port()
     rc, out, err = ctl("status", addr="127.0.0.1", timeout=30)
     check("127.0.0.1:7070" in err or rc == 0, "--addr 127.0.0.1 dials the default port 7070: %d %r" % (rc, err[:200]))
     for bad in ("127.0.0.1:abc", "127.0.0.1:", "127.0.0.1:70000", ":7070", "[::1", ""):
@@ -69,7 +73,6 @@ def ctl_mistakes():
     for bad in (",", "127.0.0.1:1,127.0.0.1:abc", ",".join(["127.0.0.1:1"] * 9)):
         rc, out, err = ctl("status", addr=bad)
         check(rc == 2 and err.startswith("stratactl: --addr"), "--addr %r: usage error 2: %r" % (bad[:40], err.strip()[:120]))
-    closed2 = free_port()
     rc, out, err = ctl("status", addr="127.0.0.1:%d,127.0.0.1:%d" % (closed, closed2))
     check(rc == 3 and "none of the 2 coordinators answers as the leader" in err
           and "127.0.0.1:%d: UNAVAILABLE" % closed in err and "127.0.0.1:%d: UNAVAILABLE" % closed2 in err,
@@ -81,6 +84,8 @@ def ctl_mistakes():
     check(rc == 2 and "--wait goes with drain only" in err, "--wait without drain: 2: %r" % err.strip())
     rc, out, err = ctl("--help")
     check(rc == 0 and "drain NODE [--wait]" in out and "port 7070 when left out" in out, "--help documents --wait and the port")
+    hold.close()
+    hold2.close()
 
 
 def live_cluster():
