@@ -29,6 +29,7 @@
 #include "coordinator/control/control_service.h"
 #include "coordinator/control/placement.h"
 #include "coordinator/serve/cluster.h"
+#include "coordinator/serve/engine_totals.h"
 #include "rpc/grpc_loop.h"
 #include "rpc/grpc_server.h"
 
@@ -106,6 +107,7 @@ struct ctl_service {
     lost_node excl[PLACE_STAGE_MAX];
     int n_excl;
     uint64_t recoveries, seqs_resumed, tokens_recomputed;
+    engine_totals totals;    /* counters of every epoch's cluster (engine_totals.h) */
     struct journal *jr;      /* the registry's changes since the snapshot (node_store.c) */
     struct leader *ha;       /* --etcd: the state in etcd, leader election (etcd_store.c) */
     bool standby;            /* --etcd and not (yet) the leader: nothing is served */

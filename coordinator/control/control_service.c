@@ -283,7 +283,7 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->recoveries = s->recoveries;
     out->sequences_resumed = s->seqs_resumed;
     out->tokens_recomputed = s->tokens_recomputed;
-    cluster_recovery_times(out); /* also with no placement serving */
+    engine_totals_report(&s->totals, out); /* also with no placement serving */
     bool serving = s->cur && cluster_is_ready(s->cur->cl);
     double t = st_now_s();
     out->n_workers = 0;

@@ -84,7 +84,8 @@ static run *start_run(ctl_service *s, const placement *pl, st_err *err) {
                        .keep_loaded = true,
                        /* a recovery: survivors keep an unchanged stage of the lost epoch */
                        .adopt_epoch = s->lost ? s->lost->pl.epoch : 0,
-                       .on_lost = ctl_run_on_lost};
+                       .on_lost = ctl_run_on_lost,
+                       .totals = &s->totals};
     r->cl = cluster_create(s->base, &co, err);
     if (!r->cl) {
         ctl_run_free(r);
@@ -133,7 +134,7 @@ void ctl_try_finish_switch(evutil_socket_t fd, short what, void *arg) {
     if (recovery) {
         s->seqs_resumed += (uint64_t)n;
         s->tokens_recomputed += (uint64_t)tokens;
-        cluster_note_resumed(st_now_s() - s->lost_at);
+        engine_totals_note_resume(&s->totals, st_now_s() - s->lost_at);
         ST_INFO("control: recovery: epoch %" PRIu64 " serves %.2f s after the loss in epoch %" PRIu64
                 "; resumed %d request(s) [%s] by re-prefilling %" PRId64 " token(s)",
                 s->cur->pl.epoch, st_now_s() - s->lost_at, from->pl.epoch, n, ids, tokens);

@@ -126,6 +126,10 @@ typedef struct cluster_opts {
      * /health answers 503 until then. docs/recovery.md. */
     bool recover;
     double recovery_timeout_s;
+    /* Where the counters that must outlive this cluster go (engine_totals.h:
+     * fenced frames, KV counters, recovery timings). A live coordinator
+     * passes one for all its epochs; NULL: the cluster keeps its own. */
+    struct engine_totals *totals;
 } cluster_opts;
 
 /* Security (docs/security.md, "Data plane (UCX)"): with cfg->cluster_key_file
@@ -167,13 +171,6 @@ uint64_t cluster_epoch(const cluster *c);
 int cluster_ready_stages(const cluster *c);
 int cluster_n_requests(const cluster *c);
 bool cluster_stage_ready(const cluster *c, int i);
-/* Recovery timings (coord_engine_stats.detection_s / .resume_s, /metrics
- * histograms): every cluster of the process records the detection time of
- * its lost stages; cluster_note_resumed(seconds) records one resume (the
- * static mode's own; the live control plane's when the new epoch serves).
- * cluster_recovery_times copies both rings and counts into *out. */
-void cluster_note_resumed(double seconds);
-void cluster_recovery_times(coord_engine_stats *out);
 
 int cluster_move_requests(cluster *from, cluster *to,
                           void (*on_moved)(void *ud, uint64_t old_id, uint64_t new_id), void *ud);
