@@ -21,7 +21,8 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "model/tok_internal.h"
+#include "common/utf8.h"
+#include "model/tok_bpe.h"
 
 /* GPT-2's pre-tokenizer (openai/gpt-2 encoder.py). */
 static const char RE_GPT2[] =

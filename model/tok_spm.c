@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tok_internal.h"
+#include "model/tok_spm.h"
 
 typedef struct spm_sym {
     int prev, next;

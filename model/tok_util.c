@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tok_internal.h"
+#include "model/tok_util.h"
 
 /* ---- map ---- */
 

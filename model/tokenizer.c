@@ -10,7 +10,11 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "model/tok_internal.h"
+#include "common/utf8.h"
+#include "model/tok_bpe.h"
+#include "model/tok_spm.h"
+#include "model/tok_util.h"
+#include "model/tok_vocab.h"
 #include "model/tokenizer.h"
 
 /* ---- loading ---- */
@@ -293,7 +297,7 @@ void tok_vocab_free(tok_vocab *v) {
 
 /* ---- accessors ---- */
 
-enum tok_model tok_model_kind(const tok_vocab *v) { return v->model; }
+enum tok_model tok_model_kind(const tok_vocab *v) { return (enum tok_model)v->model; }
 int32_t tok_n_vocab(const tok_vocab *v) { return v->n; }
 int32_t tok_bos(const tok_vocab *v) { return v->bos; }
 int32_t tok_eos(const tok_vocab *v) { return v->eos; }
