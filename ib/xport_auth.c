@@ -104,7 +104,8 @@ static void send_msg(xauth *a, xauth_peer *ap, enum auth_type type, const uint8_
     if (a->io.send(ap->peer, m, sizeof m, &err)) fail(a, ap, err.msg);
 }
 
-static void done(xauth_peer *ap, const xauth *a)
+/* The peer proved the key. */
+static void proven(const xauth *a, xauth_peer *ap)
 {
     ap->state = AUTH_DONE;
     ST_DEBUG("xport: %s authenticated as %s", ap->name, xauth_role_name(ap->role));
@@ -178,7 +179,7 @@ bool xauth_step(xauth *a, xauth_peer *ap)
         }
         send_msg(a, ap, AUTH_CONFIRM, NULL, mine);
         if (a->io.failing(ap->peer)) return true;
-        done(ap, a);
+        proven(a, ap);
         return true;
     case AUTH_WAIT_CONFIRM:
         if (type == AUTH_REFUSED) {
@@ -190,7 +191,7 @@ bool xauth_step(xauth *a, xauth_peer *ap)
             fail(a, ap, "the peer did not prove the cluster key");
             return true;
         }
-        done(ap, a);
+        proven(a, ap);
         return true;
     default: break;
     }
