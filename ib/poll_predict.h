@@ -1,6 +1,6 @@
 /* poll_predict.h — when to spin for the next data frame (adaptive polling;
  * docs/protocol.md, "Polling"). Pure arithmetic on CLOCK_MONOTONIC ns, no
- * I/O: ib/xport_ucx.c feeds it and acts on its plans.
+ * I/O: ib/xport_poll.c feeds it and acts on its plans.
  *
  * A pipeline's frames come in a rhythm: a stage sends its result and the
  * next micro-batch comes one round of the other stages later; the
