@@ -11,7 +11,8 @@
 #include "common/log.h"
 #include "compute/registry.h"
 #include "daemon/act_p2p.h"
-#include "daemon/assignment.h"
+#include "daemon/compute_thread.h"
+#include "daemon/control_send.h"
 #include "ib/act_transport.h"
 
 static void hex(const uint8_t *b, size_t n, char *out)
@@ -27,10 +28,10 @@ static void hex(const uint8_t *b, size_t n, char *out)
 /* ": <hex>" of an NCCL id for the log, only under the test hook or at debug
  * level ("" otherwise): whoever holds the id can join the communicator's
  * bootstrap. */
-static void id_text(const worker *w, const uint8_t *id, size_t n, char out[2 * ACT_NCCL_ID_BYTES + 3])
+static void id_text(const act_local *l, const uint8_t *id, size_t n, char out[2 * ACT_NCCL_ID_BYTES + 3])
 {
     out[0] = 0;
-    if (n > ACT_NCCL_ID_BYTES || !(w->act_test_nccl || st_log_enabled(ST_LOG_DEBUG))) return;
+    if (n > ACT_NCCL_ID_BYTES || !(l->test_nccl || st_log_enabled(ST_LOG_DEBUG))) return;
     out[0] = ':';
     out[1] = ' ';
     hex(id, n, out + 2);
@@ -49,22 +50,25 @@ static void read_machine_id(char *out, size_t cap)
     out[cap - 1] = 0;
 }
 
-void act_link_init(worker *w)
+void act_link_init(act_local *l, xport *x, int override, wcounters *counters)
 {
-    read_machine_id(w->machine_id, sizeof w->machine_id);
-    w->ucx_cuda = xport_memory_cuda(w->x);
+    memset(l, 0, sizeof *l);
+    l->override = override;
+    l->counters = counters;
+    read_machine_id(l->machine_id, sizeof l->machine_id);
+    l->ucx_cuda = xport_memory_cuda(x);
     const char *hook = getenv("STRATA_TEST_ACT_TRANSPORT");
-    w->act_test_nccl = hook && !strcmp(hook, "nccl");
+    l->test_nccl = hook && !strcmp(hook, "nccl");
     /* The test hook stands the (fake) module's host memory in for device
      * memory, registered with UCX as host memory, so the ucx-cuda path runs
      * on a UCX without CUDA (tests/cluster/act_transport_test.py ucx-cuda). */
-    w->act_test_host_dev = hook && !strcmp(hook, "ucx-cuda-host");
+    l->test_host_dev = hook && !strcmp(hook, "ucx-cuda-host");
     ST_INFO("worker: activations: --activation-transport %s; UCX CUDA memory %s (%s); NCCL between GPU stages when "
             "the CUDA module has it%s%s",
-            act_override_name((enum act_override)w->act_override), w->ucx_cuda ? "yes" : "no",
-            w->ucx_cuda ? "GPU stages hand UCX their device buffers" : "GPU stages stage through pinned host buffers",
-            w->act_test_nccl ? "; test hook STRATA_TEST_ACT_TRANSPORT=nccl: this side claims a GPU with NCCL" : "",
-            w->act_test_host_dev ? "; test hook STRATA_TEST_ACT_TRANSPORT=ucx-cuda-host: host memory stands in for "
+            act_override_name((enum act_override)l->override), l->ucx_cuda ? "yes" : "no",
+            l->ucx_cuda ? "GPU stages hand UCX their device buffers" : "GPU stages stage through pinned host buffers",
+            l->test_nccl ? "; test hook STRATA_TEST_ACT_TRANSPORT=nccl: this side claims a GPU with NCCL" : "",
+            l->test_host_dev ? "; test hook STRATA_TEST_ACT_TRANSPORT=ucx-cuda-host: host memory stands in for "
                                    "device buffers" : "");
 }
 
@@ -95,7 +99,7 @@ static void stage_gpu_bus(const wstage *st, char *out, size_t cap)
  * (or the test hook stands host memory in) and its module allocates them. */
 static bool stage_ucx_cuda(const wstage *st)
 {
-    if (!stage_gpu(st) || !(st->front->ucx_cuda || st->front->act_test_host_dev)) return false;
+    if (!stage_gpu(st) || !(st->act->ucx_cuda || st->act->test_host_dev)) return false;
     st_err err;
     const backend_module *m = backend_registry_get("cuda", &err);
     return m && m->dev_alloc && m->dev_free;
@@ -104,9 +108,9 @@ static bool stage_ucx_cuda(const wstage *st)
 /* What this worker's side of a boundary is and can do. */
 static act_side own_side(const wstage *st)
 {
-    const worker *w = st->front;
+    const act_local *l = st->act;
     act_side s = {.gpu = stage_gpu(st), .nccl = stage_p2p(st) != NULL, .ucx_cuda = stage_ucx_cuda(st)};
-    if (w->act_test_nccl) s.gpu = s.nccl = true;
+    if (l->test_nccl) s.gpu = s.nccl = true;
     return s;
 }
 
@@ -186,11 +190,14 @@ void act_link_job_done(wstage *st, cjob *j)
     free(j);
 }
 
-static void send_ctl(wstage *st, xport_peer *peer, ctl_msg *m) { stage_send_control(st, peer, m, st->cur.epoch, 0); }
+static void send_ctl(wstage *st, xport_peer *peer, ctl_msg *m)
+{
+    control_send(peer, m, st->cur.epoch, st->cur.stage, 0, "CONTROL reply");
+}
 
 void act_link_offer(wstage *st)
 {
-    worker *w = st->front;
+    const act_local *l = st->act;
     act_side me = own_side(st);
     link_close(st, &st->p2p_out); /* a new connection: a new communicator */
     st->act_out = -1; /* UCX until the answer */
@@ -202,12 +209,12 @@ void act_link_offer(wstage *st)
     o.epoch = st->cur.epoch;
     o.boundary = st->cur.stage;
     o.backend = stage_gpu(st) ? "cuda" : "cpu";
-    o.node_id = w->machine_id;
+    o.node_id = (char *)l->machine_id;
     o.nccl = me.nccl;
     o.ucx_cuda = me.ucx_cuda;
-    o.override = (char *)act_override_name((enum act_override)w->act_override);
+    o.override = (char *)act_override_name((enum act_override)l->override);
     o.gpu = bus;
-    if (me.nccl && w->act_override != ACT_OVERRIDE_UCX) {
+    if (me.nccl && l->override != ACT_OVERRIDE_UCX) {
         /* The NCCL unique id of this boundary's communicator (rank 0 = us),
          * from the module; under the test hook on a CPU stage random bytes
          * stand in for it. */
@@ -224,7 +231,7 @@ void act_link_offer(wstage *st)
             o.nccl_id.data = id;
             o.nccl_id.len = ACT_NCCL_ID_BYTES;
             char h[2 * ACT_NCCL_ID_BYTES + 3];
-            id_text(w, id, ACT_NCCL_ID_BYTES, h);
+            id_text(l, id, ACT_NCCL_ID_BYTES, h);
             ST_INFO("worker: boundary %u->%u: nccl id sent to %s (%d bytes)%s", st->cur.stage, st->cur.stage + 1,
                     xport_peer_name(st->next), ACT_NCCL_ID_BYTES, h);
         }
@@ -236,7 +243,7 @@ void act_link_offer(wstage *st)
 }
 
 /* Answers an offer: the transport and why, or the error that refused it. */
-static void answer(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o, wstage *st, const char *xport,
+static void answer(xport_peer *peer, const Strata__V1__ActivationOffer *o, const wstage *st, const char *xport,
                    const char *reason, const char *error)
 {
     Strata__V1__ActivationAnswer a = STRATA__V1__ACTIVATION_ANSWER__INIT;
@@ -248,100 +255,91 @@ static void answer(worker *w, xport_peer *peer, const Strata__V1__ActivationOffe
     ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
     m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_ACT_ANSWER;
     m.act_answer = &a;
-    /* no stage of that epoch: any stage's envelope will do (the worker always has one) */
-    if (!st) st = w->stages;
-    if (st) stage_send_control(st, peer, &m, o->epoch, 0);
+    if (st) control_send(peer, &m, o->epoch, st->cur.stage, 0, "CONTROL reply");
 }
 
-static void refuse(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o, wstage *st, const char *why)
+static void refuse(act_local *l, xport_peer *peer, const Strata__V1__ActivationOffer *o, const wstage *st,
+                   const char *why)
 {
-    w->dropped_frames++;
+    l->counters->dropped_frames++;
     ST_WARN("worker: ActivationOffer from %s refused: %s; the activations stay on UCX", xport_peer_name(peer), why);
-    answer(w, peer, o, st, "ucx", NULL, why);
+    answer(peer, o, st, "ucx", NULL, why);
 }
 
 /* Keeps an offer until its epoch's assignment (packed: the caller's copy dies). */
-static void keep(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o)
+static void keep(act_local *l, xport_peer *peer, const Strata__V1__ActivationOffer *o)
 {
     size_t n = strata__v1__activation_offer__get_packed_size(o);
     uint8_t *buf = malloc(n ? n : 1);
     if (!buf) return;
     strata__v1__activation_offer__pack(o, buf);
-    if (w->n_act_pending == ACT_PENDING_MAX) {
-        free(w->act_pending[0].buf);
-        memmove(&w->act_pending[0], &w->act_pending[1], (ACT_PENDING_MAX - 1) * sizeof w->act_pending[0]);
-        w->n_act_pending--;
+    if (l->n_pending == ACT_PENDING_MAX) {
+        free(l->pending[0].buf);
+        memmove(&l->pending[0], &l->pending[1], (ACT_PENDING_MAX - 1) * sizeof l->pending[0]);
+        l->n_pending--;
     }
-    w->act_pending[w->n_act_pending++] = (struct act_pending){.peer = peer, .epoch = o->epoch, .buf = buf, .len = n};
+    l->pending[l->n_pending++] = (struct act_pending){.peer = peer, .epoch = o->epoch, .buf = buf, .len = n};
     ST_INFO("worker: boundary %u->%u: offer from %s for epoch %llu came before its assignment; answering when it comes",
             o->boundary, o->boundary + 1, xport_peer_name(peer), (unsigned long long)o->epoch);
 }
 
-void act_link_peer_gone(worker *w, xport_peer *peer)
+void act_link_peer_gone(act_local *l, xport_peer *peer)
 {
     int k = 0;
-    for (int i = 0; i < w->n_act_pending; i++) {
-        if (!peer || w->act_pending[i].peer == peer) free(w->act_pending[i].buf);
-        else w->act_pending[k++] = w->act_pending[i];
+    for (int i = 0; i < l->n_pending; i++) {
+        if (!peer || l->pending[i].peer == peer) free(l->pending[i].buf);
+        else l->pending[k++] = l->pending[i];
     }
-    w->n_act_pending = k;
+    l->n_pending = k;
 }
 
 void act_link_assigned(wstage *st)
 {
-    worker *w = st->front;
-    for (int i = 0; i < w->n_act_pending;) {
-        struct act_pending p = w->act_pending[i];
+    act_local *l = st->act;
+    for (int i = 0; i < l->n_pending;) {
+        struct act_pending p = l->pending[i];
         if (p.epoch != st->cur.epoch) {
             i++;
             continue;
         }
-        memmove(&w->act_pending[i], &w->act_pending[i + 1], (size_t)(w->n_act_pending - i - 1) * sizeof p);
-        w->n_act_pending--;
+        memmove(&l->pending[i], &l->pending[i + 1], (size_t)(l->n_pending - i - 1) * sizeof p);
+        l->n_pending--;
         Strata__V1__ActivationOffer *o = strata__v1__activation_offer__unpack(NULL, p.len, p.buf);
         free(p.buf);
-        if (o) act_link_on_offer(w, p.peer, o);
+        if (o) act_link_on_offer(l, st, false, st, p.peer, o);
         if (o) strata__v1__activation_offer__free_unpacked(o, NULL);
     }
 }
 
-/* Whether epoch is newer than every stage this worker holds (its assignment may still come). */
-static bool future_epoch(const worker *w, uint64_t epoch)
-{
-    for (const wstage *x = w->stages; x; x = x->link)
-        if (x->state != W_IDLE && x->cur.epoch >= epoch) return false;
-    return epoch > w->max_epoch || w->max_epoch == 0;
-}
-
-void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o)
+void act_link_on_offer(act_local *l, wstage *st, bool future, const wstage *reply_stage, xport_peer *peer,
+                       const Strata__V1__ActivationOffer *o)
 {
     char why[256];
-    wstage *st = stage_by_epoch(w, o->epoch);
-    if (!st && future_epoch(w, o->epoch)) {
-        keep(w, peer, o);
+    if (!st && future) {
+        keep(l, peer, o);
         return;
     }
     if (!st || st->state == W_FAILED) {
         snprintf(why, sizeof why, "unknown boundary %u->%u: no stage of epoch %llu here", o->boundary,
                  o->boundary + 1, (unsigned long long)o->epoch);
-        refuse(w, peer, o, NULL, why);
+        refuse(l, peer, o, reply_stage, why);
         return;
     }
     if (st->cur.stage == 0 || o->boundary != st->cur.stage - 1) {
         snprintf(why, sizeof why, "unknown boundary %u->%u: this worker is stage %u of epoch %llu", o->boundary,
                  o->boundary + 1, st->cur.stage, (unsigned long long)o->epoch);
-        refuse(w, peer, o, st, why);
+        refuse(l, peer, o, st, why);
         return;
     }
     if (o->nccl_id.len != 0 && o->nccl_id.len != ACT_NCCL_ID_BYTES) {
         snprintf(why, sizeof why, "boundary %u->%u: NCCL id of %zu bytes (want %d)", o->boundary, o->boundary + 1,
                  o->nccl_id.len, ACT_NCCL_ID_BYTES);
-        refuse(w, peer, o, st, why);
+        refuse(l, peer, o, st, why);
         return;
     }
     if (o->nccl && o->nccl_id.len == 0) {
         snprintf(why, sizeof why, "boundary %u->%u: NCCL offered without its id", o->boundary, o->boundary + 1);
-        refuse(w, peer, o, st, why);
+        refuse(l, peer, o, st, why);
         return;
     }
     const char *be = o->backend ? o->backend : "";
@@ -349,24 +347,24 @@ void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__Activation
     if (strcmp(be, "cpu") && strcmp(be, "cuda")) {
         snprintf(why, sizeof why, "boundary %u->%u: backend '%.32s' is not cpu or cuda", o->boundary, o->boundary + 1,
                  be);
-        refuse(w, peer, o, st, why);
+        refuse(l, peer, o, st, why);
         return;
     }
     if (act_override_parse(o->override && *o->override ? o->override : "auto", &sender_ovr)) {
         snprintf(why, sizeof why, "boundary %u->%u: --activation-transport '%.32s' is not auto, ucx or nccl",
                  o->boundary, o->boundary + 1, o->override);
-        refuse(w, peer, o, st, why);
+        refuse(l, peer, o, st, why);
         return;
     }
     const unsigned k = o->boundary;
     if (o->nccl_id.len) {
         char h[2 * ACT_NCCL_ID_BYTES + 3];
-        id_text(w, o->nccl_id.data, o->nccl_id.len, h);
+        id_text(l, o->nccl_id.data, o->nccl_id.len, h);
         ST_INFO("worker: boundary %u->%u: nccl id received from %s (%zu bytes)%s", k, k + 1, xport_peer_name(peer),
                 o->nccl_id.len, h);
     }
     /* The boundary's override: the sender's, unless it is auto. */
-    enum act_override mine = (enum act_override)w->act_override;
+    enum act_override mine = (enum act_override)l->override;
     enum act_override ovr = sender_ovr != ACT_OVERRIDE_AUTO ? sender_ovr : mine;
     if (sender_ovr != ACT_OVERRIDE_AUTO && mine != ACT_OVERRIDE_AUTO && sender_ovr != mine)
         ST_WARN("worker: boundary %u->%u: --activation-transport is %s on stage %u and %s here; the sender's wins", k,
@@ -376,7 +374,7 @@ void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__Activation
     act_boundary b = {.send = {.gpu = !strcmp(be, "cuda") || o->nccl || o->ucx_cuda, .nccl = o->nccl,
                                .ucx_cuda = o->ucx_cuda},
                       .recv = own_side(st),
-                      .same_node = o->node_id && !strcmp(o->node_id, w->machine_id),
+                      .same_node = o->node_id && !strcmp(o->node_id, l->machine_id),
                       .override = ovr};
     char bus[32];
     stage_gpu_bus(st, bus, sizeof bus);
@@ -411,14 +409,13 @@ void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__Activation
                  cause);
     }
     st->act_in = (int)got;
-    answer(w, peer, o, st, act_xport_name(got), reason, NULL);
+    answer(peer, o, st, act_xport_name(got), reason, NULL);
 }
 
-void act_link_on_answer(worker *w, xport_peer *peer, const Strata__V1__ActivationAnswer *a)
+void act_link_on_answer(act_local *l, wstage *st, xport_peer *peer, const Strata__V1__ActivationAnswer *a)
 {
-    wstage *st = stage_by_epoch(w, a->epoch);
     if (!st || st->next != peer || a->boundary != st->cur.stage) {
-        w->dropped_frames++;
+        l->counters->dropped_frames++;
         ST_WARN("worker: ActivationAnswer from %s for boundary %u->%u of epoch %llu: not a boundary this worker sends "
                 "on; ignored",
                 xport_peer_name(peer), a->boundary, a->boundary + 1, (unsigned long long)a->epoch);
@@ -452,7 +449,7 @@ void act_link_on_answer(worker *w, xport_peer *peer, const Strata__V1__Activatio
     }
     if (act_xport_parse(a->transport, &x) || x == ACT_XPORT_NCCL || x == ACT_XPORT_UCX_CUDA) {
         /* A device hand-off this worker cannot carry: stay host-staged. */
-        w->dropped_frames++;
+        l->counters->dropped_frames++;
         ST_WARN("worker: boundary %u->%u: stage %u answered transport '%.32s', which this worker cannot carry; "
                 "the activations stay on UCX",
                 k, k + 1, k + 1, a->transport ? a->transport : "");

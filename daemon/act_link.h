@@ -30,26 +30,63 @@
  * puts 128 random bytes in nccl_id and logs them in hex, the receiver logs
  * the bytes it got in hex, then falls back (its stage is not on a GPU).
  *
- * Loop thread; the structs are in daemon/worker_internal.h.
+ * The worker owns one act_local (what its side offers, the offers kept for
+ * a later assignment) and gives each stage a pointer to it (wstage.act);
+ * the per-boundary state lives in the stage (daemon/wstage.h). Loop thread.
  */
 #ifndef STRATA_DAEMON_ACT_LINK_H
 #define STRATA_DAEMON_ACT_LINK_H
 
-#include "daemon/worker_internal.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/cjob.h"
+#include "daemon/wstage.h"
+#include "ib/transport.h"
+#include "proto/stage.pb-c.h"
 
 #define ACT_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
+#define ACT_PENDING_MAX 8     /* ActivationOffers kept until their epoch's StageAssign */
 
-/* Worker start: the machine id, UCX's CUDA memory support and the test
- * hook; logs what this worker can offer. */
-void act_link_init(worker *w);
+/* An ActivationOffer that came before the StageAssign of its epoch (the
+ * previous stage loaded first): packed, answered when the assignment comes. */
+struct act_pending {
+    xport_peer *peer;
+    uint64_t epoch;
+    uint8_t *buf;
+    size_t len;
+};
+
+/* This worker's side of every boundary. */
+typedef struct act_local {
+    int override;           /* enum act_override: --activation-transport */
+    char machine_id[64];    /* /etc/machine-id (the host name without one) */
+    bool ucx_cuda;          /* xport_memory_cuda */
+    bool test_nccl;         /* STRATA_TEST_ACT_TRANSPORT=nccl */
+    bool test_host_dev;     /* STRATA_TEST_ACT_TRANSPORT=ucx-cuda-host: the module's "device" memory is host
+                             * memory, registered as such, and this side claims UCX CUDA memory */
+    wcounters *counters;    /* the worker's: refused offers and ignored answers count as dropped frames */
+    struct act_pending pending[ACT_PENDING_MAX];
+    int n_pending;
+} act_local;
+
+/* Worker start: the machine id, UCX's CUDA memory support (of x) and the
+ * test hook; logs what this worker can offer. */
+void act_link_init(act_local *l, xport *x, int override, wcounters *counters);
 /* Stage st just connected to its next hop: sends the offer. */
 void act_link_offer(wstage *st);
-/* An ActivationOffer / ActivationAnswer from peer (the receiver / sender
- * side). An offer for an epoch newer than every stage held (the sender's
- * stage loaded before this worker got its assignment) is kept (at most
- * ACT_PENDING_MAX, the oldest dropped) and answered by act_link_assigned. */
-void act_link_on_offer(worker *w, xport_peer *peer, const Strata__V1__ActivationOffer *o);
-void act_link_on_answer(worker *w, xport_peer *peer, const Strata__V1__ActivationAnswer *a);
+/* An ActivationOffer from peer (the receiver side), for st, the stage of
+ * the offer's epoch (NULL: none held). Without st, an offer whose epoch is
+ * future (newer than every stage held: the sender's stage loaded before
+ * this worker got its assignment) is kept (at most ACT_PENDING_MAX, the
+ * oldest dropped) and answered by act_link_assigned; any other is refused,
+ * the refusal tagged with reply_stage's number (NULL: not answered). */
+void act_link_on_offer(act_local *l, wstage *st, bool future, const wstage *reply_stage, xport_peer *peer,
+                       const Strata__V1__ActivationOffer *o);
+/* An ActivationAnswer from peer (the sender side), for st, the stage of its
+ * epoch (NULL: none held; ignored and counted). */
+void act_link_on_answer(act_local *l, wstage *st, xport_peer *peer, const Strata__V1__ActivationAnswer *a);
 /* st's boundaries are gone (a new assignment, the next hop dropped): their
  * NCCL links are closed on the compute thread, after the jobs queued. */
 void act_link_reset(wstage *st);
@@ -63,6 +100,6 @@ void act_link_job_done(wstage *st, cjob *j);
 /* st took a StageAssign: answers the offers kept for its epoch. */
 void act_link_assigned(wstage *st);
 /* peer is gone: forgets its kept offers. At worker_destroy: peer NULL, all. */
-void act_link_peer_gone(worker *w, xport_peer *peer);
+void act_link_peer_gone(act_local *l, xport_peer *peer);
 
 #endif

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "compute/registry.h"
-#include "daemon/compute_thread.h"
+#include "daemon/cjob.h"
 
 typedef struct act_p2p {
     const backend_p2p_ops *ops;

@@ -1,7 +1,7 @@
-/* assignment.c — strata-worker's assignment lifecycle, on the event loop:
- * CONTROL from the coordinator (StageAssign -> load on the compute thread ->
- * StageReady; StageRelease; StatsRequest -> StageStats), the stages held by
- * epoch and their states, and each ready stage's next-hop connection. See
+/* assignment.c — one stage's assignment lifecycle, on the event loop:
+ * StageAssign checked and loaded on the compute thread -> StageReady, the
+ * stage's states, its StageStats, its next-hop connection and its end. The
+ * worker (worker.c) picks the stage and routes the CONTROL messages. See
  * assignment.h, docs/worker.md ("Lifecycle") and docs/protocol.md. */
 #include "daemon/assignment.h"
 
@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -20,10 +19,9 @@
 #include "daemon/act_link.h"
 #include "daemon/act_p2p.h"
 #include "daemon/datapath.h"
-#include "daemon/model_path.h"
-#include "ib/assign_token.h"
-
-typedef Strata__V1__StageAssign ctl_assign;
+#include "daemon/control_send.h"
+#include "daemon/hostport.h"
+#include "daemon/stage_buffers.h"
 
 struct open_job {
     cjob cj;
@@ -50,28 +48,10 @@ static void assign_clear(struct assign *a)
 
 /* ---------------------------------------------------------------- replies */
 
-int stage_send_control(wstage *w, xport_peer *peer, const ctl_msg *m, uint64_t epoch, uint64_t batch_id)
+/* A CONTROL message to peer, tagged with st's stage. */
+static int send_ctl(wstage *w, xport_peer *peer, const ctl_msg *m, uint64_t epoch)
 {
-    if (!peer) return -1;
-    size_t n = strata__v1__control_message__get_packed_size(m);
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) {
-        ST_ERROR("worker: out of memory for a CONTROL reply");
-        return -1;
-    }
-    strata__v1__control_message__pack(m, buf);
-    frame_header h = STRATA__V1__FRAME_HEADER__INIT;
-    h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
-    h.batch_id = batch_id;
-    h.epoch = epoch;
-    h.stage = w->cur.stage;
-    h.control.data = buf;
-    h.control.len = n;
-    st_err err;
-    int rc = xport_send(peer, &h, NULL, 0, NULL, NULL, NULL, &err);
-    free(buf);
-    if (rc) ST_WARN("worker: CONTROL reply to %s failed: %s", xport_peer_name(peer), err.msg);
-    return rc;
+    return control_send(peer, m, epoch, w->cur.stage, 0, "CONTROL reply");
 }
 
 static void reply_ready(wstage *w, xport_peer *peer, uint64_t epoch, uint32_t stage, const char *error)
@@ -99,10 +79,10 @@ static void reply_ready(wstage *w, xport_peer *peer, uint64_t epoch, uint32_t st
         ST_WARN("worker: no coordinator connected for StageReady (epoch %llu)", (unsigned long long)epoch);
         return;
     }
-    stage_send_control(w, peer, &m, epoch, 0);
+    send_ctl(w, peer, &m, epoch);
 }
 
-static void send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsRequest *req)
+void assignment_send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsRequest *req)
 {
     uint64_t request_id = req->request_id;
     compute_stats cs;
@@ -124,14 +104,14 @@ static void send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsReque
     s.bytes_sent = xs.bytes_sent;
     s.bytes_recv = xs.bytes_recv;
     s.bad_frames = xs.bad_frames;
-    s.dropped_frames = w->front->dropped_frames;
-    s.fenced_frames = w->front->fenced_frames;
+    s.dropped_frames = w->counters->dropped_frames;
+    s.fenced_frames = w->counters->fenced_frames;
     s.unauth_frames = xs.unauth_frames;
     s.auth_failures = xs.auth_failures;
-    s.refused_assigns = w->front->refused_assigns;
-    s.hops = w->front->hops;
-    s.hop_seconds = w->front->hop_seconds;
-    s.batch_errors = w->front->batch_errors;
+    s.refused_assigns = w->counters->refused_assigns;
+    s.hops = w->counters->hops;
+    s.hop_seconds = w->counters->hop_seconds;
+    s.batch_errors = w->counters->batch_errors;
     s.queue_depth = cs.queued > 0 ? (uint32_t)cs.queued : 0;
     s.worker_name = w->name;
     for (int r = 0; r < cs.n_ranks; r++) {
@@ -159,7 +139,7 @@ static void send_stats(wstage *w, xport_peer *peer, const Strata__V1__StatsReque
     ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
     m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_STATS;
     m.stats = &s;
-    stage_send_control(w, peer, &m, w->cur.epoch, 0);
+    send_ctl(w, peer, &m, w->cur.epoch);
     free(fwd);
 }
 
@@ -206,33 +186,6 @@ static void drop_next(wstage *w)
 
 /* ---------------------------------------------------------------- CONTROL */
 
-/* Opens StageAssign.model_path confined to the worker's model directory
- * (daemon/model_path.h): a bare file name that one of the --model files has
- * is that file (in its own directory); anything else is looked up under
- * --model-dir. The descriptor, or -1 + err. */
-static int model_resolve(worker *w, const char *name, st_err *err)
-{
-    if (model_name_check(name, err)) return -1;
-    if (!strchr(name, '/'))
-        for (int i = 0; i < w->n_models; i++) {
-            const char *slash = strrchr(w->models[i], '/');
-            const char *base = slash ? slash + 1 : w->models[i];
-            if (strcmp(base, name)) continue;
-            char dir[4096];
-            if (slash)
-                snprintf(dir, sizeof dir, "%.*s", (int)(slash - w->models[i]) ? (int)(slash - w->models[i]) : 1,
-                         w->models[i]);
-            else
-                snprintf(dir, sizeof dir, ".");
-            int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-            if (dfd < 0) return st_errf(err, "model path '%s': cannot open the directory of --model %s", name, w->models[i]);
-            int fd = model_path_open(dfd, name, err);
-            close(dfd);
-            return fd;
-        }
-    return model_path_open(w->model_dirfd, name, err);
-}
-
 static int check_assign(const ctl_assign *a, struct assign *out, st_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -269,7 +222,7 @@ static int check_assign(const ctl_assign *a, struct assign *out, st_err *err)
     const char *nh = a->next_hop ? a->next_hop : "";
     if (last && *nh) return st_errf(err, "StageAssign: the last stage has no next hop (got '%s')", nh);
     if (!last && !*nh) return st_errf(err, "StageAssign: stage %u of %u needs a next hop", a->stage, a->n_stages);
-    if (!last && worker_parse_hostport(nh, out->next_host, sizeof out->next_host, &out->next_port, 0, err))
+    if (!last && hostport_parse(nh, out->next_host, sizeof out->next_host, &out->next_port, 0, err))
         return st_err_prefix(err, "StageAssign: next_hop");
     out->epoch = a->epoch;
     out->stage = a->stage;
@@ -317,7 +270,17 @@ static bool same_stage(const struct assign *a, const struct assign *b)
            same_devices(a, b);
 }
 
-static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
+bool assignment_adoptable(const wstage *x, const ctl_assign *a)
+{
+    struct assign na;
+    st_err err;
+    if (!x || x->state != W_READY || check_assign(a, &na, &err)) return false;
+    bool same = same_stage(&x->cur, &na); /* model_path as assigned: a name under --model-dir */
+    assign_clear(&na);
+    return same;
+}
+
+void assignment_take(wstage *w, xport_peer *peer, const ctl_assign *a, const model_files *mf, uint64_t *max_epoch)
 {
     struct assign na;
     st_err err;
@@ -335,11 +298,11 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
     }
     /* The model file is opened (confined to the model directory) before
      * anything changes: a refused path leaves the stage as it was. */
-    int fd = model_resolve(w->front, na.model_path, &err);
+    int fd = model_files_open(mf, na.model_path, &err);
     if (fd < 0) {
         ST_WARN("worker: refusing assignment epoch %llu stage %u from %s: %s", (unsigned long long)na.epoch, na.stage,
                 xport_peer_name(peer), err.msg);
-        w->front->refused_assigns++;
+        w->counters->refused_assigns++;
         reply_ready(w, peer, na.epoch, na.stage, err.msg);
         assign_clear(&na);
         return;
@@ -353,7 +316,7 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
                 (unsigned long long)na.epoch, na.stage, na.n_stages, (unsigned long long)w->cur.epoch,
                 na.first_layer, na.last_layer, *na.next_hop ? na.next_hop : "(coordinator)");
         close(fd);
-        if (na.epoch > w->front->max_epoch) w->front->max_epoch = na.epoch;
+        if (na.epoch > *max_epoch) *max_epoch = na.epoch;
         drop_next(w);
         assign_clear(&w->cur);
         w->cur = na;
@@ -364,7 +327,7 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
         reply_ready(w, peer, w->cur.epoch, w->cur.stage, NULL);
         return;
     }
-    if (na.epoch > w->front->max_epoch) w->front->max_epoch = na.epoch;
+    if (na.epoch > *max_epoch) *max_epoch = na.epoch;
     if (w->state == W_READY && same_assign(&w->cur, &na)) { /* idempotent: a (re)connected coordinator */
         close(fd);
         ST_INFO("worker: assignment epoch %llu stage %u repeated by %s; already loaded",
@@ -423,7 +386,7 @@ static void handle_assign(wstage *w, xport_peer *peer, const ctl_assign *a)
     st_log_set_stage((int)na.stage); /* STRATA_STAGE on this worker's journald records */
     ST_INFO("worker: assigned epoch %llu stage %u/%u: %s layers [%d, %d) tp %d kv_blocks %d act %s next %s backend %s",
             (unsigned long long)na.epoch, na.stage, na.n_stages, na.model_path, na.first_layer, na.last_layer,
-            na.tp, na.kv_blocks, worker_dtype_name(na.act_dtype), *na.next_hop ? na.next_hop : "(coordinator)",
+            na.tp, na.kv_blocks, datapath_dtype_name(na.act_dtype), *na.next_hop ? na.next_hop : "(coordinator)",
             *na.backend ? na.backend : "cpu");
     compute_submit(w->cq, &oj->cj);
     act_link_assigned(w); /* an offer that came before this assignment */
@@ -487,16 +450,19 @@ static void on_compute(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-wstage *stage_new(worker *w, st_err *err)
+wstage *stage_new(const wstage_env *env, st_err *err)
 {
     wstage *st = calloc(1, sizeof *st);
     if (!st) return st_errf(err, "worker: out of memory"), NULL;
-    st->front = w;
-    st->base = w->base;
-    st->x = w->x;
-    snprintf(st->name, sizeof st->name, "%s", w->name);
-    st->n_threads = w->n_threads;
-    st->t_start = w->t_start;
+    st->base = env->base;
+    st->x = env->x;
+    snprintf(st->name, sizeof st->name, "%s", env->name);
+    st->n_threads = env->n_threads;
+    st->t_start = env->t_start;
+    st->counters = env->counters;
+    st->timing = env->timing;
+    st->act = env->act;
+    st->dev_host_mem = env->act->test_host_dev;
     st->backoff = BACKOFF_MIN_S;
     st->act_out = st->act_in = -1;
     st->cq = compute_create(err);
@@ -504,8 +470,8 @@ wstage *stage_new(worker *w, st_err *err)
         free(st);
         return NULL;
     }
-    st->cq_ev = event_new(w->base, compute_fd(st->cq), EV_READ | EV_PERSIST, on_compute, st);
-    st->reconnect_ev = evtimer_new(w->base, on_reconnect, st);
+    st->cq_ev = event_new(env->base, compute_fd(st->cq), EV_READ | EV_PERSIST, on_compute, st);
+    st->reconnect_ev = evtimer_new(env->base, on_reconnect, st);
     if (!st->cq_ev || !st->reconnect_ev || event_add(st->cq_ev, NULL)) {
         st_errf(err, "worker: cannot create events");
         if (st->cq_ev) event_free(st->cq_ev);
@@ -515,8 +481,6 @@ wstage *stage_new(worker *w, st_err *err)
         free(st);
         return NULL;
     }
-    st->link = w->stages;
-    w->stages = st;
     return st;
 }
 
@@ -550,213 +514,19 @@ void stage_stop(wstage *st)
 void stage_free(wstage *st)
 {
     act_link_free(st);
-    datapath_pool_drain(st);
+    stage_buffers_drain(st);
     assign_clear(&st->cur);
     free(st);
 }
 
-/* Moves st from the live list to the released one (stopped). */
-static void stage_release(worker *w, wstage *st)
+/* Ends st's service: the next hop dropped, the boundaries' links closed,
+ * the compute thread stopped and the free buffers unregistered. */
+void stage_retire(wstage *st)
 {
-    for (wstage **pp = &w->stages; *pp; pp = &(*pp)->link)
-        if (*pp == st) {
-            *pp = st->link;
-            break;
-        }
     drop_next(st);
     act_link_reset(st);
     stage_stop(st);
-    datapath_pool_drain(st);
-    st->link = w->released;
-    w->released = st;
-}
-
-wstage *stage_by_epoch(worker *w, uint64_t epoch)
-{
-    for (wstage *st = w->stages; st; st = st->link)
-        if (st->state != W_IDLE && st->cur.epoch == epoch) return st;
-    return NULL;
-}
-
-/* Answers a refused StageAssign with StageReady{ok = false, error = why}:
- * nothing of the worker's state was touched. */
-static void refuse_assign(worker *w, xport_peer *peer, const ctl_assign *a, const char *why)
-{
-    w->refused_assigns++;
-    ST_WARN("worker: refusing the assignment (epoch %llu, stage %u) from %s: %s", (unsigned long long)a->epoch,
-            a->stage, xport_peer_name(peer), why);
-    Strata__V1__StageReady r = STRATA__V1__STAGE_READY__INIT;
-    r.epoch = a->epoch;
-    r.stage = a->stage;
-    r.error = (char *)why;
-    r.worker_name = w->name;
-    ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
-    m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_READY;
-    m.ready = &r;
-    size_t n = strata__v1__control_message__get_packed_size(&m);
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) return;
-    strata__v1__control_message__pack(&m, buf);
-    frame_header h = STRATA__V1__FRAME_HEADER__INIT;
-    h.kind = STRATA__V1__FRAME_KIND__FRAME_KIND_CONTROL;
-    h.epoch = a->epoch;
-    h.stage = a->stage;
-    h.control.data = buf;
-    h.control.len = n;
-    st_err err;
-    if (xport_send(peer, &h, NULL, 0, NULL, NULL, NULL, &err))
-        ST_WARN("worker: StageReady to %s failed: %s", xport_peer_name(peer), err.msg);
-    free(buf);
-}
-
-/* With a cluster key: the assignment carries the coordinator's token and is
- * not older than the newest one accepted. (The sender was checked to be the
- * authenticated coordinator by the caller.) */
-static bool assign_allowed(worker *w, xport_peer *peer, const ctl_assign *a)
-{
-    if (!w->key) return true;
-    char why[200];
-    if (!assign_token_ok(w->key, a)) {
-        refuse_assign(w, peer, a, "StageAssign: the token does not verify under this worker's cluster key");
-        return false;
-    }
-    if (a->epoch < w->max_epoch) {
-        snprintf(why, sizeof why, "StageAssign: epoch %llu is older than epoch %llu, already accepted (stale)",
-                 (unsigned long long)a->epoch, (unsigned long long)w->max_epoch);
-        refuse_assign(w, peer, a, why);
-        return false;
-    }
-    return true;
-}
-
-static void handle_assign_front(worker *w, xport_peer *peer, const ctl_assign *a)
-{
-    if (!assign_allowed(w, peer, a)) return;
-    wstage *st = stage_by_epoch(w, a->epoch);
-    st_err err;
-    if (!st && a->adopt_epoch) { /* a recovery: handle_assign re-uses that stage when it is the same */
-        wstage *x = stage_by_epoch(w, a->adopt_epoch);
-        struct assign na;
-        if (x && x->state == W_READY && !check_assign(a, &na, &err)) {
-            if (same_stage(&x->cur, &na)) st = x; /* model_path as assigned: a name under --model-dir */
-            assign_clear(&na);
-        }
-    }
-    if (!st && a->keep_loaded)
-        for (wstage *x = w->stages; x && !st; x = x->link)
-            if (x->state == W_IDLE || x->state == W_FAILED) st = x; /* nothing loaded there: reuse */
-    if (!st && a->keep_loaded) {
-        int n = 0;
-        for (wstage *x = w->stages; x; x = x->link) n++;
-        while (n >= MAX_STAGES) { /* drop the oldest */
-            wstage *old = w->stages;
-            while (old->link) old = old->link;
-            ST_WARN("worker: %d stages held; dropping epoch %llu", n, (unsigned long long)old->cur.epoch);
-            stage_release(w, old);
-            n--;
-        }
-        st = stage_new(w, &err);
-    } else if (!st) {
-        /* static mode: the new assignment replaces everything (one stage) */
-        while (w->stages && w->stages->link) {
-            wstage *old = w->stages;
-            while (old->link) old = old->link;
-            stage_release(w, old);
-        }
-        st = w->stages ? w->stages : stage_new(w, &err);
-    }
-    if (!st) {
-        ST_ERROR("worker: cannot take the assignment of epoch %llu: %s", (unsigned long long)a->epoch, err.msg);
-        return;
-    }
-    handle_assign(st, peer, a);
-}
-
-static void handle_release(worker *w, uint64_t epoch)
-{
-    wstage *st = stage_by_epoch(w, epoch);
-    if (!st) {
-        ST_INFO("worker: StageRelease for epoch %llu, which is not loaded; ignored", (unsigned long long)epoch);
-        return;
-    }
-    ST_INFO("worker: releasing the stage of epoch %llu (stage %u, layers [%d, %d))", (unsigned long long)epoch,
-            st->cur.stage, st->cur.first_layer, st->cur.last_layer);
-    stage_release(w, st);
-}
-
-int worker_release_stale(worker *w, uint64_t serving_epoch)
-{
-    int n = 0;
-    wstage *next;
-    for (wstage *st = w->stages; st; st = next) {
-        next = st->link;
-        /* Only a stage nothing can reach any more: an older epoch, and no
-         * coordinator connection (a recovery or a placement change adopts
-         * loaded weights only through a new StageAssign over a live
-         * connection, before its epoch serves; a re-attaching coordinator
-         * serves the same epoch, not a newer one). */
-        if (st->state == W_IDLE || !st->cur.epoch || st->cur.epoch >= serving_epoch || st->coord) continue;
-        ST_INFO("worker: releasing the stage of epoch %llu (stage %u, layers [%d, %d)): the coordinator serves "
-                "epoch %llu and the stage's connection is gone",
-                (unsigned long long)st->cur.epoch, st->cur.stage, st->cur.first_layer, st->cur.last_layer,
-                (unsigned long long)serving_epoch);
-        stage_release(w, st);
-        n++;
-    }
-    return n;
-}
-
-/* The stage that answers StatsRequest from peer: the one it assigned, else the newest. */
-static wstage *stage_for_peer(worker *w, xport_peer *peer)
-{
-    for (wstage *st = w->stages; st; st = st->link)
-        if (st->coord == peer) return st;
-    return w->stages;
-}
-
-void assignment_handle_control(worker *w, xport_peer *peer, const frame_header *h)
-{
-    ctl_msg *m = strata__v1__control_message__unpack(NULL, h->control.len, h->control.data);
-    if (!m) {
-        worker_drop_frame(w, peer, "undecodable CONTROL message (%zu bytes)", h->control.len);
-        return;
-    }
-    /* Neighbouring stages negotiate their boundary's transport (act_link.h):
-     * with a key, only from a peer that proved the stage role. */
-    const bool act = m->msg_case == STRATA__V1__CONTROL_MESSAGE__MSG_ACT_OFFER ||
-                     m->msg_case == STRATA__V1__CONTROL_MESSAGE__MSG_ACT_ANSWER;
-    if (w->key && act && xport_peer_role(peer) != XPORT_ROLE_STAGE) {
-        w->dropped_frames++;
-        ST_WARN("worker: refusing CONTROL message %d from %s: it is a %s, not a stage", (int)m->msg_case,
-                xport_peer_name(peer), xport_role_name(xport_peer_role(peer)));
-        strata__v1__control_message__free_unpacked(m, NULL);
-        return;
-    }
-    if (w->key && !act && xport_peer_role(peer) != XPORT_ROLE_COORDINATOR &&
-        m->msg_case != STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST) {
-        /* Only the authenticated coordinator steers the worker; a stage peer's
-         * CONTROL is refused and changes nothing. */
-        w->refused_assigns++;
-        w->dropped_frames++;
-        ST_WARN("worker: refusing CONTROL message %d from %s: it is a %s, not the coordinator", (int)m->msg_case,
-                xport_peer_name(peer), xport_role_name(xport_peer_role(peer)));
-        strata__v1__control_message__free_unpacked(m, NULL);
-        return;
-    }
-    switch (m->msg_case) {
-    case STRATA__V1__CONTROL_MESSAGE__MSG_ASSIGN: handle_assign_front(w, peer, m->assign); break;
-    case STRATA__V1__CONTROL_MESSAGE__MSG_RELEASE: handle_release(w, m->release->epoch); break;
-    case STRATA__V1__CONTROL_MESSAGE__MSG_ACT_OFFER: act_link_on_offer(w, peer, m->act_offer); break;
-    case STRATA__V1__CONTROL_MESSAGE__MSG_ACT_ANSWER: act_link_on_answer(w, peer, m->act_answer); break;
-    case STRATA__V1__CONTROL_MESSAGE__MSG_STATS_REQUEST: {
-        wstage *st = stage_for_peer(w, peer);
-        if (!st) st = stage_new(w, &(st_err){{0}});
-        if (st) send_stats(st, peer, m->stats_request);
-        break;
-    }
-    default: worker_drop_frame(w, peer, "CONTROL message %d is not for a worker", (int)m->msg_case); break;
-    }
-    strata__v1__control_message__free_unpacked(m, NULL);
+    stage_buffers_drain(st);
 }
 
 /* ---------------------------------------------------------------- next hop lost */

@@ -15,14 +15,13 @@
 #include "common/clock.h"
 #include "common/hop_trace.h"
 #include "common/log.h"
-#include "compute/registry.h"
 #include "daemon/act_p2p.h"
-#include "daemon/assignment.h"
-#include "daemon/worker_metrics.h"
+#include "daemon/compute_thread.h"
+#include "daemon/control_send.h"
+#include "daemon/stage_buffers.h"
 #include "ib/act_transport.h"
 #include "model/sampler.h"
 
-#define POOL_MIN_BYTES (64u << 10)
 #define INLINE_MAX_TOKENS 64     /* micro-batches up to this size may run on the loop thread */
 
 /* A forward in flight: the compute job plus what the loop needs to send the
@@ -49,204 +48,49 @@ static void forward_done(wstage *w, struct job *j);
 
 /* ---------------------------------------------------------------- helpers */
 
-/* The module whose pinned host memory the stage's hand-off buffers come
- * from (a GPU stage: never pageable memory, which costs the driver a bounce
- * copy per transfer), or NULL (a CPU stage: pageable, registered). */
-static const backend_module *pin_module(const wstage *w)
+const char *datapath_dtype_name(int d)
 {
-    if (strcmp(w->cur.backend, "cuda")) return NULL;
-    st_err err;
-    const backend_module *m = backend_registry_get("cuda", &err);
-    return m && m->host_alloc && m->host_free ? m : NULL;
+    return d == STRATA__V1__DTYPE__DTYPE_F32 ? "f32" : d == STRATA__V1__DTYPE__DTYPE_BF16 ? "bf16" : "none";
 }
 
-static void buf_free(wstage *w, stbuf b)
+xport_mem *datapath_sink_get(wstage *w, const frame_header *h, size_t bytes)
 {
-    if (!b.m) return;
-    void *p = xport_mem_ptr(b.m);
-    xport_mem_unregister(w->x, b.m);
-    if (b.pin) b.pin->host_free(p);
-}
-
-/* A buffer of the stage's kind, registered with UCX (ucp_mem_map), of at
- * least cap bytes. {NULL} + err on failure. */
-static stbuf buf_new(wstage *w, size_t cap, st_err *err)
-{
-    stbuf b = {.pin = pin_module(w)};
-    if (!b.pin) {
-        b.m = xport_mem_alloc(w->x, cap, err);
-        return b;
-    }
-    void *p = b.pin->host_alloc(cap, err);
-    if (!p) return (stbuf){0};
-    if (!(b.m = xport_mem_register(w->x, p, cap, err))) {
-        b.pin->host_free(p);
-        return (stbuf){0};
-    }
-    return b;
-}
-
-static stbuf pool_get(wstage *w, size_t bytes, st_err *err)
-{
-    const backend_module *pin = pin_module(w);
-    int best = -1;
-    for (int i = 0; i < w->n_pool; i++)
-        if (w->pool[i].pin == pin && xport_mem_len(w->pool[i].m) >= bytes &&
-            (best < 0 || xport_mem_len(w->pool[i].m) < xport_mem_len(w->pool[best].m)))
-            best = i;
-    if (best >= 0) {
-        stbuf b = w->pool[best];
-        w->pool[best] = w->pool[--w->n_pool];
-        return b;
-    }
-    size_t cap = POOL_MIN_BYTES;
-    while (cap < bytes) cap *= 2;
-    return buf_new(w, cap, err);
-}
-
-static void pool_put(wstage *w, stbuf b)
-{
-    if (!b.m) return;
-    if (w->shutting_down) {
-        buf_free(w, b);
-        return;
-    }
-    if (w->n_pool == POOL_MAX) { /* keep the larger buffers */
-        int small = 0;
-        for (int i = 1; i < w->n_pool; i++)
-            if (xport_mem_len(w->pool[i].m) < xport_mem_len(w->pool[small].m)) small = i;
-        if (xport_mem_len(w->pool[small].m) >= xport_mem_len(b.m)) {
-            buf_free(w, b);
-            return;
-        }
-        buf_free(w, w->pool[small]);
-        w->pool[small] = b;
-        return;
-    }
-    w->pool[w->n_pool++] = b;
-}
-
-/* ---------------------------------------------------------------- device buffers (ucx-cuda) */
-
-/* The module whose device memory the ucx-cuda boundary uses (NULL: none). */
-static const backend_module *dev_module(const wstage *w)
-{
-    if (strcmp(w->cur.backend, "cuda")) return NULL;
-    st_err err;
-    const backend_module *m = backend_registry_get("cuda", &err);
-    return m && m->dev_alloc && m->dev_free ? m : NULL;
-}
-
-static int dev_device(const wstage *w) { return w->cur.n_devices ? w->cur.devices[0] : 0; }
-
-static void dbuf_release(wstage *w, struct dbuf *d)
-{
-    const backend_module *m = dev_module(w);
-    xport_mem_unregister(w->x, d->m);
-    if (m) m->dev_free(dev_device(w), d->p);
-    *d = (struct dbuf){0};
-}
-
-/* A free device buffer of at least bytes, made (64 KiB, doubled to fit) and
- * registered once when none fits; NULL + err when the module has none or
- * DBUF_MAX are busy. */
-static struct dbuf *dbuf_get(wstage *w, size_t bytes, int state, st_err *err)
-{
-    const backend_module *m = dev_module(w);
-    if (!m) return st_errf(err, "worker: the stage's backend has no device buffers"), NULL;
-    struct dbuf *best = NULL, *empty = NULL;
-    for (int i = 0; i < DBUF_MAX; i++) {
-        struct dbuf *d = &w->dbufs[i];
-        if (!d->p && !empty) empty = d;
-        if (d->p && d->state == DBUF_FREE && d->cap >= bytes && (!best || d->cap < best->cap)) best = d;
-    }
-    if (!best) {
-        if (!empty) { /* room: drop the smallest free one */
-            for (int i = 0; i < DBUF_MAX; i++)
-                if (w->dbufs[i].state == DBUF_FREE && (!empty || w->dbufs[i].cap < empty->cap)) empty = &w->dbufs[i];
-            if (!empty) return st_errf(err, "worker: %d device buffers busy", DBUF_MAX), NULL;
-            dbuf_release(w, empty);
-            w->n_dbufs--;
-        }
-        size_t cap = POOL_MIN_BYTES;
-        while (cap < bytes) cap *= 2;
-        void *p = m->dev_alloc(dev_device(w), cap, err);
-        if (!p) return NULL;
-        xport_mem *xm = xport_mem_register_device(w->x, p, cap, !w->front->act_test_host_dev, err);
-        if (!xm) {
-            m->dev_free(dev_device(w), p);
-            return NULL;
-        }
-        *empty = (struct dbuf){.p = p, .m = xm, .cap = cap};
-        w->n_dbufs++;
-        best = empty;
-    }
-    best->state = state;
-    return best;
-}
-
-static void dbuf_put(wstage *w, struct dbuf *d)
-{
-    if (!d || !d->p) return;
-    d->state = DBUF_FREE;
-    if (w->shutting_down) {
-        dbuf_release(w, d);
-        w->n_dbufs--;
-    }
-}
-
-/* The stage's device buffer that starts at p (NULL: none). */
-static struct dbuf *dbuf_at(wstage *w, const void *p)
-{
-    for (int i = 0; p && i < DBUF_MAX; i++)
-        if (w->dbufs[i].p == p) return &w->dbufs[i];
-    return NULL;
-}
-
-xport_mem *datapath_sink_get(xport_peer *peer, const frame_header *h, size_t bytes, void *arg)
-{
-    (void)peer;
-    worker *wk = arg;
     if (h->kind != STRATA__V1__FRAME_KIND__FRAME_KIND_ACTIVATIONS || h->dtype != STRATA__V1__DTYPE__DTYPE_F32 ||
         h->payload_p2p)
         return NULL;
-    wstage *w = stage_by_epoch(wk, h->epoch);
     if (!w || w->state != W_READY || w->shutting_down || w->act_in != ACT_XPORT_UCX_CUDA || h->stage != w->cur.stage)
         return NULL;
     st_err err;
-    struct dbuf *d = dbuf_get(w, bytes, DBUF_RECV, &err);
+    struct dbuf *d = stage_dbuf_get(w, bytes, DBUF_RECV, &err);
     if (!d) ST_DEBUG("worker: batch %llu: no device buffer (%s); received into host memory",
                      (unsigned long long)h->batch_id, err.msg);
     return d ? d->m : NULL;
 }
 
-void datapath_sink_put(xport_mem *m, bool delivered, void *arg)
+bool datapath_sink_put(wstage *w, xport_mem *m)
 {
-    (void)delivered; /* a delivered buffer a forward took is DBUF_JOB by now; any other goes back */
-    worker *wk = arg;
-    wstage *lists[2] = {wk->stages, wk->released};
-    for (int l = 0; l < 2; l++)
-        for (wstage *w = lists[l]; w; w = w->link)
-            for (int i = 0; i < DBUF_MAX; i++)
-                if (w->dbufs[i].m == m) {
-                    if (w->dbufs[i].state == DBUF_RECV) dbuf_put(w, &w->dbufs[i]);
-                    return;
-                }
+    /* a delivered buffer a forward took is DBUF_JOB by now; any other goes back */
+    for (int i = 0; i < DBUF_MAX; i++)
+        if (w->dbufs[i].m == m) {
+            if (w->dbufs[i].state == DBUF_RECV) stage_dbuf_put(w, &w->dbufs[i]);
+            return true;
+        }
+    return false;
 }
 
 static void job_free(wstage *w, struct job *j)
 {
     if (!j) return;
-    dbuf_put(w, j->din);
-    dbuf_put(w, j->dout);
+    stage_dbuf_put(w, j->din);
+    stage_dbuf_put(w, j->dout);
     frame_header_free(j->hdr);
     free(j->seqs);
-    if (j->in_buf.m) pool_put(w, j->in_buf);
+    if (j->in_buf.m) stage_buf_put(w, j->in_buf);
     else free(j->in);
-    if (j->scratch_buf.m) pool_put(w, j->scratch_buf);
+    if (j->scratch_buf.m) stage_buf_put(w, j->scratch_buf);
     else free(j->scratch);
     free(j->samples);
-    pool_put(w, j->out);
+    stage_buf_put(w, j->out);
     free(j);
 }
 
@@ -292,7 +136,7 @@ static sampler_params sampling_from_frame(const frame_sampling *s)
 static void batch_error_ex(wstage *w, const struct job *j, const char *msg, bool stage_failed)
 {
     const frame_header *h = j->hdr;
-    w->front->batch_errors++;
+    w->counters->batch_errors++;
     /* seqs= maps the batch to its requests (their "seq starts" lines carry req=). */
     char seqs[256] = "", quoted[600];
     size_t n = 0;
@@ -323,11 +167,19 @@ static void batch_error_ex(wstage *w, const struct job *j, const char *msg, bool
     ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
     m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_ERROR;
     m.batch_error = &e;
-    stage_send_control(w, w->coord, &m, h->epoch, h->batch_id);
+    control_send(w->coord, &m, h->epoch, w->cur.stage, h->batch_id, "CONTROL reply");
     free(ids);
 }
 
 static void batch_error(wstage *w, const struct job *j, const char *msg) { batch_error_ex(w, j, msg, false); }
+
+/* An ACTIVATIONS send of this stage completed d seconds after it started. */
+static void note_hop(wstage *w, double d)
+{
+    w->counters->hops++;
+    w->counters->hop_seconds += d;
+    if (w->timing->hop) w->timing->hop(w->timing->ud, (int)w->cur.stage, d);
+}
 
 /* Loop thread: a forward of this stage finished (see wstage.fwd). */
 static void note_forward(wstage *w, const cjob *cj)
@@ -336,7 +188,8 @@ static void note_forward(wstage *w, const cjob *cj)
     slot[0] = cj->start_ns;
     slot[1] = cj->end_ns;
     w->fwd_n++;
-    worker_metrics_forward(w->front->metrics, (int)w->cur.stage, (double)(cj->end_ns - cj->start_ns) * 1e-9);
+    if (w->timing->forward)
+        w->timing->forward(w->timing->ud, (int)w->cur.stage, (double)(cj->end_ns - cj->start_ns) * 1e-9);
 }
 
 size_t datapath_forward_intervals(const wstage *w, uint64_t since_ns, uint64_t *out)
@@ -364,9 +217,9 @@ size_t datapath_forward_intervals(const wstage *w, uint64_t since_ns, uint64_t *
  * (a rendezvous send needs our progress to finish). Frames that arrive
  * meanwhile wait in the socket; they could not start before this forward
  * ends anyway. */
-static bool run_here(const wstage *w, int64_t T)
+static bool run_here(const wstage *w, int64_t T, bool alone)
 {
-    return T <= INLINE_MAX_TOKENS && w->sends_inflight == 0 && w->front->stages == w && !w->link;
+    return T <= INLINE_MAX_TOKENS && w->sends_inflight == 0 && alone;
 }
 
 /* The job's own f32 copy of the payload's n_el input rows (pinned: from the
@@ -375,7 +228,7 @@ static int input_copy(wstage *w, struct job *j, const frame_header *h, const voi
                       bool pinned, st_err *err)
 {
     if (pinned) {
-        if (!(j->in_buf = pool_get(w, n_el * sizeof(float), err)).m) return -1;
+        if (!(j->in_buf = stage_buf_get(w, n_el * sizeof(float), err)).m) return -1;
         j->in = xport_mem_ptr(j->in_buf.m);
     } else if (!(j->in = malloc(n_el * sizeof(float)))) {
         return st_errf(err, "worker: out of memory");
@@ -424,8 +277,8 @@ static int check_activations(const wstage *w, const frame_header *h, size_t byte
             return st_errf(err, "payload rows of %u, the model's n_embd is %d", h->shape[1], in->n_embd);
         if ((int)h->dtype != w->cur.act_dtype &&
             !(w->act_in == ACT_XPORT_UCX_CUDA && h->dtype == STRATA__V1__DTYPE__DTYPE_F32)) /* device rows are f32 */
-            return st_errf(err, "payload dtype %s, configured %s", worker_dtype_name(h->dtype),
-                           worker_dtype_name(w->cur.act_dtype));
+            return st_errf(err, "payload dtype %s, configured %s", datapath_dtype_name(h->dtype),
+                           datapath_dtype_name(w->cur.act_dtype));
     }
     for (size_t i = 0; i < h->n_seqs; i++) {
         const frame_seq *s = h->seqs[i];
@@ -470,13 +323,11 @@ static bool out_header_inline(const wstage *w, const frame_header *h)
     return strata__v1__frame_header__get_packed_size(h) + 32 <= xport_max_inline_header(w->x);
 }
 
-void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, const void *payload, size_t bytes)
+int datapath_activations(wstage *w, const frame_header *h, const void *payload, size_t bytes, bool alone,
+                         st_err *refused)
 {
     st_err err;
-    if (check_activations(w, h, bytes, &err)) {
-        worker_drop_frame(w->front, peer, "%s", err.msg);
-        return;
-    }
+    if (check_activations(w, h, bytes, refused)) return -1;
     const cjob_stage_info *in = &w->info;
     const int64_t T = frame_total_tokens(h);
 
@@ -507,12 +358,12 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
     j->cj.batch = (stage_batch){.n_seqs = (int)c->n_seqs, .seqs = j->seqs, .n_tokens = (int32_t)T,
                                 .tokens = in->is_first ? c->token_ids : NULL};
     const size_t n_el = (size_t)T * (size_t)in->n_embd;
-    const bool pinned = pin_module(w) != NULL; /* a GPU stage: its host side of the copies is pinned */
+    const bool pinned = stage_buf_pinned(w); /* a GPU stage: its host side of the copies is pinned */
     /* A forward run here, before this callback returns, on a CPU stage reads
      * f32 rows in place from the transport's buffer (no copy); one handed to
      * the compute thread gets its own copy below. */
-    const bool here = run_here(w, T);
-    struct dbuf *din = in->is_first || h->payload_p2p ? NULL : dbuf_at(w, payload);
+    const bool here = run_here(w, T, alone);
+    struct dbuf *din = in->is_first || h->payload_p2p ? NULL : stage_dbuf_at(w, payload);
     if (din && din->state == DBUF_RECV && h->dtype == STRATA__V1__DTYPE__DTYPE_F32) {
         din->state = DBUF_JOB; /* ucx-cuda: the rows landed in device memory; the forward reads them there */
         j->din = din;
@@ -529,18 +380,18 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
     if (!in->is_last && w->p2p_out && w->p2p_out->ready && !w->p2p_out->broken) {
         j->cj.p2p_out = w->p2p_out; /* the rows stay on the device and go over NCCL (forward_p2p) */
     } else if (!in->is_last && w->act_out == ACT_XPORT_UCX_CUDA && out_header_inline(w, h) &&
-               (j->dout = dbuf_get(w, n_el * sizeof(float), DBUF_JOB, &err))) {
+               (j->dout = stage_dbuf_get(w, n_el * sizeof(float), DBUF_JOB, &err))) {
         /* ucx-cuda: the forward writes f32 rows into a registered device buffer; UCX sends from it */
         j->out_bytes = n_el * sizeof(float);
         j->cj.dev_rows_out = j->dout->p;
     } else if (!in->is_last) {
         j->out_bytes = n_el * frame_dtype_size(w->cur.act_dtype);
-        if (!(j->out = pool_get(w, j->out_bytes, &err)).m) goto fail;
+        if (!(j->out = stage_buf_get(w, j->out_bytes, &err)).m) goto fail;
         if (w->cur.act_dtype == STRATA__V1__DTYPE__DTYPE_F32) {
             j->cj.hidden_out = xport_mem_ptr(j->out.m);
         } else {
             if (pinned) {
-                if (!(j->scratch_buf = pool_get(w, n_el * sizeof(float), &err)).m) goto fail;
+                if (!(j->scratch_buf = stage_buf_get(w, n_el * sizeof(float), &err)).m) goto fail;
                 j->scratch = xport_mem_ptr(j->scratch_buf.m);
             } else if (!(j->scratch = malloc(n_el * sizeof(float)))) {
                 goto oom;
@@ -572,11 +423,11 @@ void datapath_activations(wstage *w, xport_peer *peer, const frame_header *h, co
     }
     if (here && compute_run_inline(w->cq, &j->cj)) {
         datapath_forward_finished(w, &j->cj);
-        return;
+        return 0;
     }
     if (!in->is_first && !h->payload_p2p && !j->din && !j->in && input_copy(w, j, h, payload, n_el, pinned, &err)) goto fail;
     compute_submit(w->cq, &j->cj);
-    return;
+    return 0;
 oom:
     st_errf(&err, "worker: out of memory");
 fail:
@@ -586,6 +437,7 @@ fail:
         ST_ERROR("worker: batch %llu dropped: %s", (unsigned long long)h->batch_id, err.msg);
     }
     job_free(w, j);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- results */
@@ -600,9 +452,7 @@ static void fwd_sent(xport_peer *peer, int status, void *arg)
     } else {
         w->backoff = BACKOFF_MIN_S;
         double d = st_now_s() - j->t_sent;
-        w->front->hops++;
-        w->front->hop_seconds += d;
-        worker_metrics_hop(w->front->metrics, (int)w->cur.stage, d);
+        note_hop(w, d);
     }
     job_free(w, j);
 }
@@ -625,7 +475,7 @@ static void send_tokens(wstage *w, struct job *j)
         ctl_msg m = STRATA__V1__CONTROL_MESSAGE__INIT;
         m.msg_case = STRATA__V1__CONTROL_MESSAGE__MSG_BATCH_DONE;
         m.batch_done = &d;
-        stage_send_control(w, w->coord, &m, c->epoch, c->batch_id);
+        control_send(w->coord, &m, c->epoch, w->cur.stage, c->batch_id, "CONTROL reply");
         return;
     }
     frame_result *res = calloc(n, sizeof *res);
@@ -745,9 +595,7 @@ void datapath_p2p_sent(wstage *w, cjob *cj)
         if (j->gen == w->gen && !w->shutting_down) batch_error(w, j, cj->err.msg);
     } else if (cj->dev_bytes) {
         double d = st_now_s() - j->t_sent;
-        w->front->hops++;
-        w->front->hop_seconds += d;
-        worker_metrics_hop(w->front->metrics, (int)w->cur.stage, d);
+        note_hop(w, d);
     }
     job_free(w, j);
 }
@@ -831,14 +679,3 @@ void datapath_forward_finished(wstage *w, cjob *cj)
 }
 
 void datapath_job_discard(wstage *w, cjob *cj) { job_free(w, cj->user); }
-
-void datapath_pool_drain(wstage *w)
-{
-    for (int i = 0; i < w->n_pool; i++) buf_free(w, w->pool[i]);
-    w->n_pool = 0;
-    for (int i = 0; i < DBUF_MAX; i++) /* busy ones go when their forward or receive ends (dbuf_put) */
-        if (w->dbufs[i].p && w->dbufs[i].state == DBUF_FREE) {
-            dbuf_release(w, &w->dbufs[i]);
-            w->n_dbufs--;
-        }
-}

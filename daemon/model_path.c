@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -77,4 +78,28 @@ int model_path_open(int dirfd, const char *name, st_err *err)
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     return fd;
+}
+
+int model_files_open(const model_files *mf, const char *name, st_err *err)
+{
+    if (model_name_check(name, err)) return -1;
+    if (!strchr(name, '/'))
+        for (int i = 0; i < mf->n_models; i++) {
+            const char *slash = strrchr(mf->models[i], '/');
+            const char *base = slash ? slash + 1 : mf->models[i];
+            if (strcmp(base, name)) continue;
+            char dir[4096];
+            if (slash)
+                snprintf(dir, sizeof dir, "%.*s", (int)(slash - mf->models[i]) ? (int)(slash - mf->models[i]) : 1,
+                         mf->models[i]);
+            else
+                snprintf(dir, sizeof dir, ".");
+            int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (dfd < 0)
+                return st_errf(err, "model path '%s': cannot open the directory of --model %s", name, mf->models[i]);
+            int fd = model_path_open(dfd, name, err);
+            close(dfd);
+            return fd;
+        }
+    return model_path_open(mf->dirfd, name, err);
 }

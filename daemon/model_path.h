@@ -24,4 +24,17 @@ int model_name_check(const char *name, st_err *err);
  * descriptor (O_RDONLY, close-on-exec; the caller closes it) or -1 + err. */
 int model_path_open(int dirfd, const char *name, st_err *err);
 
+/* The model files a worker may load: its --model paths and its
+ * --model-dir, opened (dirfd; -1: none, every path under it refused). */
+typedef struct model_files {
+    char **models;
+    int n_models;
+    int dirfd;
+} model_files;
+
+/* Opens StageAssign.model_path: a bare file name that one of the --model
+ * files has is that file (in its own directory); anything else is looked up
+ * under --model-dir (model_path_open). The descriptor, or -1 + err. */
+int model_files_open(const model_files *mf, const char *name, st_err *err);
+
 #endif

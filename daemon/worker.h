@@ -23,11 +23,13 @@
 #ifndef STRATA_DAEMON_WORKER_H
 #define STRATA_DAEMON_WORKER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/err.h"
 #include "ib/cluster_key.h"
+#include "ib/transport.h"
 
 struct event_base;
 
@@ -79,6 +81,34 @@ void worker_load_get(worker *w, worker_load *out);
  * (GET /metrics): the window closed within the last second if there is one
  * (with current cumulative values), else worker_load_get. Loop thread. */
 void worker_load_recent(worker *w, worker_load *out);
+
+/* For GET /metrics (daemon/worker_metrics.h): where the time of each
+ * forward and of each hop (an output's send -> completion) of every stage
+ * goes (stage: its index), on the loop thread; NULL functions: nowhere.
+ * Observing also starts the load window (worker_load_recent). */
+void worker_observe(worker *w, void (*forward)(void *ud, int stage, double seconds),
+                    void (*hop)(void *ud, int stage, double seconds), void *ud);
+
+#define WORKER_FIGURES_STAGES 8
+/* One stage held (loading, ready or failed; not idle). */
+typedef struct worker_stage_figures {
+    uint32_t stage;
+    uint64_t epoch;
+    int first_layer, last_layer;
+    bool ready;               /* loaded and serving */
+} worker_stage_figures;
+
+/* The worker's cumulative counters and the stages it holds, for GET /metrics. */
+typedef struct worker_figures {
+    xport_stats xport;        /* the data plane */
+    uint64_t dropped_frames, fenced_frames, batch_errors;
+    double forwards, tokens, busy_seconds; /* the live stages' compute threads (a released one's stop counting) */
+    int n_stages;
+    worker_stage_figures stages[WORKER_FIGURES_STAGES];
+} worker_figures;
+
+/* Fills *out. Loop thread. */
+void worker_figures_get(worker *w, worker_figures *out);
 
 /* Releases every stage of an epoch older than serving_epoch (the
  * coordinator's, daemon/registration.h reg_serving_epoch) whose coordinator

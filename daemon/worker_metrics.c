@@ -7,6 +7,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,6 @@
 
 #include "common/metrics.h"
 #include "common/process_metrics.h"
-#include "daemon/worker_internal.h"
 
 /* A cumulative counter of the worker exported as a Prometheus counter: adds
  * what grew since the last scrape. */
@@ -36,6 +36,7 @@ struct worker_metrics {
     mirrored c[N_COUNTERS];
     struct evhttp *http;
     int port;
+    bool observing; /* attached to w (worker_observe) */
 };
 
 static metrics_series *by_stage(metrics_family *f, int stage) {
@@ -45,12 +46,15 @@ static metrics_series *by_stage(metrics_family *f, int stage) {
     return metrics_with(f, v, NULL);
 }
 
-void worker_metrics_forward(worker_metrics *m, int stage, double seconds) {
-    if (m) metrics_histogram_observe(by_stage(m->fwd, stage), seconds);
+/* The worker's observations (worker_observe): seconds of one forward / one hop of stage. */
+static void on_forward(void *ud, int stage, double seconds) {
+    worker_metrics *m = ud;
+    metrics_histogram_observe(by_stage(m->fwd, stage), seconds);
 }
 
-void worker_metrics_hop(worker_metrics *m, int stage, double seconds) {
-    if (m) metrics_histogram_observe(by_stage(m->hop, stage), seconds);
+static void on_hop(void *ud, int stage, double seconds) {
+    worker_metrics *m = ud;
+    metrics_histogram_observe(by_stage(m->hop, stage), seconds);
 }
 
 static void mirror(mirrored *c, double v) {
@@ -63,49 +67,43 @@ static void mirror(mirrored *c, double v) {
 static void collect(metrics_registry *r, void *ud) {
     (void)r;
     worker_metrics *m = ud;
-    worker *w = m->w;
-    xport_stats xs;
-    xport_get_stats(w->x, &xs);
-    mirror(&m->c[C_BYTES_SENT], (double)xs.bytes_sent);
-    mirror(&m->c[C_BYTES_RECV], (double)xs.bytes_recv);
-    mirror(&m->c[C_FRAMES_SENT], (double)xs.frames_sent);
-    mirror(&m->c[C_FRAMES_RECV], (double)xs.frames_recv);
-    mirror(&m->c[C_BAD], (double)xs.bad_frames);
-    mirror(&m->c[C_POLL_SPINS], (double)xs.poll_spins);
-    mirror(&m->c[C_POLL_HITS], (double)xs.poll_hits);
-    mirror(&m->c[C_POLL_SECONDS], (double)xs.poll_spin_ns * 1e-9);
-    mirror(&m->c[C_DROPPED], (double)w->dropped_frames);
-    mirror(&m->c[C_FENCED], (double)w->fenced_frames);
-    mirror(&m->c[C_BATCH_ERRORS], (double)w->batch_errors);
-    /* Forwards, tokens and busy time: every stage's compute thread, plus
-     * what released stages ran (kept in the mirror's last value). */
-    double fw = 0, tok = 0, busy = 0;
+    worker_figures f;
+    worker_figures_get(m->w, &f);
+    const xport_stats *xs = &f.xport;
+    mirror(&m->c[C_BYTES_SENT], (double)xs->bytes_sent);
+    mirror(&m->c[C_BYTES_RECV], (double)xs->bytes_recv);
+    mirror(&m->c[C_FRAMES_SENT], (double)xs->frames_sent);
+    mirror(&m->c[C_FRAMES_RECV], (double)xs->frames_recv);
+    mirror(&m->c[C_BAD], (double)xs->bad_frames);
+    mirror(&m->c[C_POLL_SPINS], (double)xs->poll_spins);
+    mirror(&m->c[C_POLL_HITS], (double)xs->poll_hits);
+    mirror(&m->c[C_POLL_SECONDS], (double)xs->poll_spin_ns * 1e-9);
+    mirror(&m->c[C_DROPPED], (double)f.dropped_frames);
+    mirror(&m->c[C_FENCED], (double)f.fenced_frames);
+    mirror(&m->c[C_BATCH_ERRORS], (double)f.batch_errors);
     metrics_family_reset(m->info);
     metrics_family_reset(m->ready);
-    for (wstage *st = w->stages; st; st = st->link) {
-        compute_stats cs;
-        compute_get_stats(st->cq, &cs);
-        fw += (double)cs.forwards;
-        tok += (double)cs.tokens;
-        busy += cs.busy_seconds;
-        if (st->state == W_IDLE) continue;
+    for (int i = 0; i < f.n_stages; i++) {
+        const worker_stage_figures *st = &f.stages[i];
         char idx[16], ep[24], fl[16], ll[16];
-        snprintf(idx, sizeof idx, "%u", st->cur.stage);
-        snprintf(ep, sizeof ep, "%llu", (unsigned long long)st->cur.epoch);
-        snprintf(fl, sizeof fl, "%d", st->cur.first_layer);
-        snprintf(ll, sizeof ll, "%d", st->cur.last_layer);
+        snprintf(idx, sizeof idx, "%u", st->stage);
+        snprintf(ep, sizeof ep, "%llu", (unsigned long long)st->epoch);
+        snprintf(fl, sizeof fl, "%d", st->first_layer);
+        snprintf(ll, sizeof ll, "%d", st->last_layer);
         const char *iv[] = {idx, ep, fl, ll};
         metrics_gauge_set(metrics_with(m->info, iv, NULL), 1);
         const char *rv[] = {idx};
-        metrics_gauge_set(metrics_with(m->ready, rv, NULL), st->state == W_READY ? 1 : 0);
+        metrics_gauge_set(metrics_with(m->ready, rv, NULL), st->ready ? 1 : 0);
     }
-    /* A released stage's thread is gone: its counts stop growing, and a new
-     * stage's start from 0, so export the growth only (never down). */
-    mirror(&m->c[C_FORWARDS], m->c[C_FORWARDS].last > fw ? m->c[C_FORWARDS].last : fw);
-    mirror(&m->c[C_TOKENS], m->c[C_TOKENS].last > tok ? m->c[C_TOKENS].last : tok);
-    mirror(&m->c[C_BUSY], m->c[C_BUSY].last > busy ? m->c[C_BUSY].last : busy);
+    /* Forwards, tokens and busy time: every live stage's compute thread. A
+     * released stage's thread is gone: its counts stop growing, and a new
+     * stage's start from 0, so export the growth only (never down; what
+     * released stages ran stays in the mirror's last value). */
+    mirror(&m->c[C_FORWARDS], m->c[C_FORWARDS].last > f.forwards ? m->c[C_FORWARDS].last : f.forwards);
+    mirror(&m->c[C_TOKENS], m->c[C_TOKENS].last > f.tokens ? m->c[C_TOKENS].last : f.tokens);
+    mirror(&m->c[C_BUSY], m->c[C_BUSY].last > f.busy_seconds ? m->c[C_BUSY].last : f.busy_seconds);
     worker_load wl;
-    worker_load_recent(w, &wl);
+    worker_load_recent(m->w, &wl);
     metrics_gauge_set(m->kv_used, wl.kv_blocks_used);
     metrics_gauge_set(m->kv_total, wl.kv_blocks);
     metrics_gauge_set(m->kv_perc, wl.kv_blocks > 0 ? (double)wl.kv_blocks_used / wl.kv_blocks : 0);
@@ -251,8 +249,8 @@ worker_metrics *worker_metrics_start(struct event_base *base, worker *w, const c
     if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) == 0)
         m->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                            : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    w->metrics = m;
-    w->track_load = true;
+    worker_observe(w, on_forward, on_hop, m);
+    m->observing = true;
     return m;
 }
 
@@ -260,7 +258,7 @@ int worker_metrics_port(const worker_metrics *m) { return m->port; }
 
 void worker_metrics_stop(worker_metrics *m) {
     if (!m) return;
-    if (m->w && m->w->metrics == m) m->w->metrics = NULL;
+    if (m->observing) worker_observe(m->w, NULL, NULL, NULL);
     if (m->http) evhttp_free(m->http);
     metrics_registry_free(m->reg);
     free(m);

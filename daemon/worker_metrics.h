@@ -32,16 +32,12 @@ struct event_base;
 typedef struct worker_metrics worker_metrics;
 
 /* Binds host:port (port 0 = any free one) and serves GET /metrics for w on
- * base; attaches itself to w (its forward and hop observations). NULL + err
- * when the address cannot be bound. */
+ * base; attaches itself to w (its forward and hop observations,
+ * worker_observe). NULL + err when the address cannot be bound. */
 worker_metrics *worker_metrics_start(struct event_base *base, worker *w, const char *host, int port,
                                      st_err *err);
 int worker_metrics_port(const worker_metrics *m);
 /* Detaches from the worker, closes the listener and frees. NULL is a no-op. */
 void worker_metrics_stop(worker_metrics *m);
-
-/* Observations (NULL m: ignored). seconds of one forward / one hop of stage. */
-void worker_metrics_forward(worker_metrics *m, int stage, double seconds);
-void worker_metrics_hop(worker_metrics *m, int stage, double seconds);
 
 #endif
