@@ -16,8 +16,7 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg) {
 
 int static_recovery_init(static_recovery *r, struct event_base *base, double timeout_s,
                          const static_recovery_ops *ops) {
-    r->phase = RECOVERY_IDLE;
-    r->expired = false;
+    *r = (static_recovery){.phase = RECOVERY_IDLE};
     r->timeout_s = timeout_s > 0 ? timeout_s : 60.0;
     r->ops = *ops;
     r->timer = evtimer_new(base, on_timeout, r);
