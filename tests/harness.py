@@ -378,6 +378,13 @@ class NetnsBridge:
     def ip(self, k):
         return "10.77.%d.%d" % (self.sub, k + 2)
 
+    def ucx_devices(self, k=None):
+        """The environment that keeps UCX on this bridge's devices: the root
+        namespace's bridge (k None: the coordinator) or namespace k's veth.
+        Without it UCX also tries the bridges of other tests running at the
+        same time, and those connections fail with "Endpoint timeout"."""
+        return {"UCX_NET_DEVICES": self.br if k is None else self.ns_ends[k]}
+
     def exec_prefix(self, k):
         return ["ip", "netns", "exec", self.ns[k]]
 

@@ -84,6 +84,7 @@ class Cluster:
         self.tmp = tempfile.mkdtemp(prefix="strata-cluster-")
         self.procs = []
         self.http_port = None
+        self.coord_env = {}  # the coordinator's own environment on top of the workers'
 
     def start(self, timeout=60):
         env = dict(os.environ)
@@ -125,7 +126,8 @@ class Cluster:
         p = subprocess.Popen([self.args.coordinator, "--config", path, "--listen",
                               "127.0.0.1:%d" % self.http_port, "--ready-timeout", str(timeout)]
                              + self.coord_args,
-                             stdout=open(self.co_out, "w"), stderr=open(self.co_log, "w"), env=env)
+                             stdout=open(self.co_out, "w"), stderr=open(self.co_log, "w"),
+                             env=dict(env, **self.coord_env))
         self.procs.append(("coordinator", p))
         self.coordinator = p
         deadline = time.time() + timeout + 5
@@ -366,8 +368,10 @@ def mode_netns(args):
         stages = []
         for i in range(2):
             k = nb.add()
-            stages.append({"tp": 2, "host": nb.ip(k), "netns": nb.ns[k]})
+            # UCX on this namespace's veth only (harness.NetnsBridge.ucx_devices)
+            stages.append({"tp": 2, "host": nb.ip(k), "netns": nb.ns[k], "env": nb.ucx_devices(k)})
         cl = Cluster(args, stages)
+        cl.coord_env = nb.ucx_devices()
         cl.start()
         s = cl.stages_json()
         check([x["address"].split(":")[0] for x in s["stages"]] == [st["host"] for st in stages],

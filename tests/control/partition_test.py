@@ -70,7 +70,7 @@ class NetLive(LiveBase):
         # comes at KILL_AT tokens: on an idle machine 200 tokens take only ~0.3 s.
         self.env.setdefault("STRATA_TEST_FORWARD_DELAY_MS", "5")
         self.nb = nb
-        self.env.pop("UCX_NET_DEVICES", None)  # the bridge and the veths, not loopback
+        self.env.pop("UCX_NET_DEVICES", None)  # the bridge and the veths, not loopback (set per process)
         self.grpc_addr = "%s:%d" % (nb.host_ip, self.grpc_port)
         self.ns_of = {}
         log = open(os.path.join(self.tmp, "coordinator.log"), "w")
@@ -78,7 +78,8 @@ class NetLive(LiveBase):
             [args.coordinator, "--live", "--config", self.cfg, "--listen", "127.0.0.1:%d" % self.http_port,
              "--grpc-listen", self.grpc_addr, "--state", os.path.join(self.tmp, "state.json"),
              "--heartbeat-ms", "1000", "--dead-after-ms", "10000", "--min-workers", "2"]
-            + insecure_flag(args.coordinator), stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            + insecure_flag(args.coordinator), stdout=log, stderr=subprocess.STDOUT,
+            env=dict(self.env, **nb.ucx_devices()))
         self._chan = grpc.insecure_channel(self.grpc_addr)
         self.stub = pbg.ControlStub(self._chan)
 
@@ -91,7 +92,8 @@ class NetLive(LiveBase):
             "--name", name, "--model", self.model, "--threads", "1", "--memory", WORKER_MEMORY] \
             + insecure_flag(self.args.worker)
         # `ip netns exec` execs the worker: this pid is the worker's.
-        self.workers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.workers[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                              env=dict(self.env, **self.nb.ucx_devices(k)))
 
     def serving(self):
         return self.stub.GetStatus(pb.GetStatusRequest(), timeout=2).serving
