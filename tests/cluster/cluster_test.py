@@ -148,7 +148,7 @@ class Cluster:
         """Starts worker i again with its command (same address); replaces it in procs."""
         log = open(os.path.join(self.tmp, "worker%d.log" % i), "a")
         p = subprocess.Popen(self.worker_cmds[i], stdout=log, stderr=subprocess.STDOUT,
-                             env=self.env)
+                             env=dict(self.env, **self.stages[i].get("env", {})))
         self.procs = [(n, q) for n, q in self.procs if n != "worker%d" % i]
         self.procs.insert(0, ("worker%d" % i, p))
         return p
