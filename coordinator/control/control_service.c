@@ -290,7 +290,8 @@ static int add_methods(ctl_service *s, st_err *err) {
         bool operator_only;
         const ProtobufCMessageDescriptor *req;
     } methods[] = {
-        {SVC "Register", RPC_KIND_UNARY, node_rpc_register, &s->nodes, false, &strata__v1__register_request__descriptor},
+        {SVC "Register", RPC_KIND_UNARY, node_rpc_register, &s->nodes, false,
+         &strata__v1__register_request__descriptor},
         {SVC "Heartbeat", RPC_KIND_UNARY, node_rpc_heartbeat, &s->nodes, false,
          &strata__v1__heartbeat_request__descriptor},
         {SVC "Leave", RPC_KIND_UNARY, leave_rpc, &s->leave, false, &strata__v1__leave_request__descriptor},

@@ -60,11 +60,12 @@ static void on_elected(void *ud, const etcd_kvs *kv) {
         if (!strcmp(rel, "state")) {
             char what[ETCD_KEY_MAX + 16];
             snprintf(what, sizeof what, "etcd %s", kv->kv[i].key);
-            if (state_parse(kv->kv[i].value, kv->kv[i].value_len, what, s->o.saved, s->o.last_epoch, s->o.model_sha, NULL,
-                            &err) != 0)
+            if (state_parse(kv->kv[i].value, kv->kv[i].value_len, what, s->o.saved, s->o.last_epoch, s->o.model_sha,
+                            NULL, &err) != 0)
                 fatal(err.msg);
             if (s->o.saved->epoch && s->o.saved->n_layers != s->o.n_layers) {
-                st_errf(&err, "%s: placement for %d layers, the model has %d", what, s->o.saved->n_layers, s->o.n_layers);
+                st_errf(&err, "%s: placement for %d layers, the model has %d", what, s->o.saved->n_layers,
+                        s->o.n_layers);
                 fatal(err.msg);
             }
         } else if (!strncmp(rel, "nodes/", 6)) {
