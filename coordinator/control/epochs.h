@@ -8,7 +8,9 @@
  * It knows the registry, the placement rules and the clusters, not the
  * service: what it needs from its owner comes as epochs_hooks. Loop thread
  * only. The owner reads the fields (cur, pend, from...); only this module
- * and recovery.h (adopt_epoch, retry_at) write them. */
+ * writes them, but for recovery.h (adopt_epoch, retry_at) and the state's
+ * readers before the first tick (saved, last_epoch: the state file or
+ * etcd_store.h). */
 #ifndef STRATA_COORDINATOR_CONTROL_EPOCHS_H
 #define STRATA_COORDINATOR_CONTROL_EPOCHS_H
 
