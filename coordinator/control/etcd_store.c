@@ -3,7 +3,7 @@
  * election). The file store (state_file.c + journal.c) stays the default.
  *
  * While a standby, the service serves nothing (every gRPC call answers
- * UNAVAILABLE naming the leader, the HTTP API 503; ctl_standby) and its tick
+ * UNAVAILABLE naming the leader, the HTTP API 503; etcd_store_standby) and its tick
  * does not run. Once elected it takes the placement, the epochs and the known
  * nodes from etcd, exactly what a restarted coordinator takes from its state
  * file: it waits for the placement's nodes to register again (the workers
@@ -16,6 +16,8 @@
  * Heartbeats and registration leases are not written: a worker that fails
  * over registers again and gets a lease from the new leader.
  */
+#include "coordinator/control/etcd_store.h"
+
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -23,14 +25,18 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/clock.h"
 #include "common/log.h"
-#include "coordinator/control/control_internal.h"
 #include "coordinator/control/leader.h"
 #include "coordinator/control/state_file.h"
 
+struct etcd_store {
+    etcd_store_opts o;
+    leader *ha;
+    bool standby;            /* not (yet) the leader: nothing is served */
+};
+
 /* The key relative to the prefix ("state", "nodes/w-a"), NULL when not ours. */
-static const char *relative(const ctl_service *s, const char *key) {
+static const char *relative(const etcd_store *s, const char *key) {
     const char *prefix = leader_prefix(s->ha);
     size_t pl = strlen(prefix);
     if (strncmp(key, prefix, pl) || key[pl] != '/') return NULL;
@@ -45,7 +51,7 @@ static void fatal(const char *msg) {
 }
 
 static void on_elected(void *ud, const etcd_kvs *kv) {
-    ctl_service *s = ud;
+    etcd_store *s = ud;
     int nodes = 0, skipped = 0;
     for (size_t i = 0; i < kv->n; i++) {
         const char *rel = relative(s, kv->kv[i].key);
@@ -54,18 +60,19 @@ static void on_elected(void *ud, const etcd_kvs *kv) {
         if (!strcmp(rel, "state")) {
             char what[ETCD_KEY_MAX + 16];
             snprintf(what, sizeof what, "etcd %s", kv->kv[i].key);
-            if (state_parse(kv->kv[i].value, kv->kv[i].value_len, what, &s->saved, &s->last_epoch, s->model_sha, NULL,
-                            &err) != 0)
+            if (state_parse(kv->kv[i].value, kv->kv[i].value_len, what, s->o.saved, s->o.last_epoch, s->o.model_sha,
+                            NULL, &err) != 0)
                 fatal(err.msg);
-            if (s->saved.epoch && s->saved.n_layers != s->pm.n_layers) {
-                st_errf(&err, "%s: placement for %d layers, the model has %d", what, s->saved.n_layers, s->pm.n_layers);
+            if (s->o.saved->epoch && s->o.saved->n_layers != s->o.n_layers) {
+                st_errf(&err, "%s: placement for %d layers, the model has %d", what, s->o.saved->n_layers,
+                        s->o.n_layers);
                 fatal(err.msg);
             }
         } else if (!strncmp(rel, "nodes/", 6)) {
             const char *name = NULL, *addr = NULL;
             json_t *o = json_loadb(kv->kv[i].value, kv->kv[i].value_len, 0, NULL);
             if (!o || json_unpack(o, "{s:s,s:s}", "name", &name, "addr", &addr) || strcmp(name, rel + 6) ||
-                !registry_add_known(&s->reg, name, addr)) {
+                !registry_add_known(s->o.reg, name, addr)) {
                 /* the worker's next Register writes it again */
                 ST_WARN("control: etcd %s: not a node record (%.80s); skipped", kv->kv[i].key, kv->kv[i].value);
                 skipped++;
@@ -76,27 +83,33 @@ static void on_elected(void *ud, const etcd_kvs *kv) {
         }
     }
     s->standby = false;
-    s->t0 = st_now_s(); /* dead-node expiry counts from the takeover */
     ST_INFO("control: leader: state from etcd: placement epoch %" PRIu64 " (%d stages), last epoch %" PRIu64
             ", %d known node(s)%s; waiting for the placement's nodes to register",
-            s->saved.epoch, s->saved.n_stages, s->last_epoch, nodes, skipped ? " (some records skipped)" : "");
-    event_active(s->tick_ev, 0, 0);
+            s->o.saved->epoch, s->o.saved->n_stages, *s->o.last_epoch, nodes, skipped ? " (some records skipped)" : "");
+    s->o.elected(s->o.ud);
 }
 
-int ctl_etcd_open(ctl_service *s, st_err *err) {
-    s->standby = true;
-    s->ha = leader_start(s->o.ha, s->base, on_elected, s, err);
+etcd_store *etcd_store_open(const etcd_store_opts *o, st_err *err) {
+    etcd_store *s = calloc(1, sizeof *s);
+    if (!s) return st_errf(err, "control: out of memory"), NULL;
+    s->o = *o;
     s->o.ha = NULL; /* the caller's; the leader keeps copies */
-    return s->ha ? 0 : -1;
+    s->standby = true;
+    if (!(s->ha = leader_start(o->ha, o->base, on_elected, s, err))) {
+        free(s);
+        return NULL;
+    }
+    return s;
 }
 
-void ctl_etcd_close(ctl_service *s) {
+void etcd_store_close(etcd_store *s) {
+    if (!s) return;
     leader_stop(s->ha);
-    s->ha = NULL;
+    free(s);
 }
 
-void ctl_etcd_save(ctl_service *s, const placement *p) {
-    char *text = state_dump(p, s->last_epoch, s->model_sha, NULL);
+void etcd_store_save(etcd_store *s, const placement *p, uint64_t last_epoch) {
+    char *text = state_dump(p, last_epoch, s->o.model_sha, NULL);
     if (!text) {
         ST_ERROR("control: out of memory; the placement is not written to etcd");
         return;
@@ -105,7 +118,7 @@ void ctl_etcd_save(ctl_service *s, const placement *p) {
     free(text);
 }
 
-void ctl_etcd_node(ctl_service *s, const char *name, const char *addr) {
+void etcd_store_node(etcd_store *s, const char *name, const char *addr) {
     char key[REG_NAME_MAX + 8];
     snprintf(key, sizeof key, "nodes/%s", name);
     json_t *o = addr ? json_pack("{s:s,s:s}", "name", name, "addr", addr) : NULL;
@@ -119,8 +132,9 @@ void ctl_etcd_node(ctl_service *s, const char *name, const char *addr) {
     free(text);
 }
 
-bool ctl_standby(ctl_service *s, char *msg, size_t cap, char *http, size_t http_cap) {
-    if (!s->ha || !s->standby) return false;
+bool etcd_store_standby(etcd_store *s, char *msg, size_t cap, char *http, size_t http_cap) {
+    if (!s || !s->standby) return false;
+    if (!msg) return true;
     char grpc[256];
     leader_current(s->ha, http, http_cap, grpc, sizeof grpc);
     if (*grpc)

@@ -1,34 +1,35 @@
-/* generate.c — the Generate call of strata.v1.Control (control_service.h):
- * a server stream of GenerateChunk messages over the serving engine. */
+/* generate.c — the Generate call of strata.v1.Control (generate.h): a
+ * server stream of GenerateChunk messages over the serving engine. */
+#include "coordinator/control/generate.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/utf8.h"
-#include "coordinator/control/control_internal.h"
 #include "proto/control.pb-c.h"
 
-/* An open Generate stream. */
 /* Generate's max_tokens when the request leaves it 0 (the OpenAI API's default). */
 #define GEN_DEFAULT_MAX_TOKENS 16
 
-typedef struct gen_stream {
+/* An open Generate stream. */
+struct gen_stream {
     struct gen_stream *prev, *next;
-    ctl_service *s;
+    gen_streams *gs;
     rpc_call *call;
     coord_request req;
     int32_t *prompt;         /* req.prompt's token ids */
     uint64_t id;
     uint32_t n_prompt, n_gen;
     utf8_stream utf8;        /* the chunks' text: whole characters, U+FFFD for invalid bytes */
-} gen_stream;
+};
 
 /* ---------------------------------------------------------------- Generate */
 
-static void stream_free(ctl_service *s, gen_stream *g) {
+static void stream_free(gen_streams *s, gen_stream *g) {
     if (g->prev)
         g->prev->next = g->next;
-    else if (s->streams == g)
-        s->streams = g->next;
+    else if (s->head == g)
+        s->head = g->next;
     if (g->next) g->next->prev = g->prev;
     free(g->prompt);
     free(g);
@@ -69,7 +70,7 @@ static void g_on_prompt(void *ctx, const int32_t *ids, int n) {
 
 static void g_on_token(void *ctx, int32_t id, const char *piece, size_t len, const coord_logprobs *lp) {
     gen_stream *g = ctx;
-    ctl_service *s = g->s;
+    gen_streams *s = g->gs;
     g->n_gen++;
     /* The same text as the HTTP API and strata-run give (common/utf8.h). */
     char small[256], *text = small;
@@ -79,7 +80,7 @@ static void g_on_token(void *ctx, int32_t id, const char *piece, size_t len, con
     int rc = rpc_call_cancelled(g->call) ? -1 : send_chunk(g, &id, 1, text ? text : "", n, NULL);
     if (text != small) free(text);
     if (rc != 0) {
-        ctl_eng_cancel(s, g->id);
+        s->eng.ops->cancel(s->eng.impl, g->id);
         rpc_call_finish(g->call, RPC_CANCELLED, "Generate: cancelled");
         stream_free(s, g);
     }
@@ -87,7 +88,7 @@ static void g_on_token(void *ctx, int32_t id, const char *piece, size_t len, con
 
 static void g_on_finish(void *ctx, enum coord_finish reason, const char *message) {
     gen_stream *g = ctx;
-    ctl_service *s = g->s;
+    gen_streams *s = g->gs;
     if (reason == COORD_FINISH_ERROR) {
         rpc_call_finishf(g->call, RPC_UNAVAILABLE, "Generate: %s", message ? message : "failed");
     } else {
@@ -101,8 +102,8 @@ static void g_on_finish(void *ctx, enum coord_finish reason, const char *message
 
 static const coord_sink gen_sink = {g_on_prompt, g_on_token, g_on_finish, NULL};
 
-void ctl_h_generate(rpc_call *c, const rpc_request *req, void *ud) {
-    ctl_service *s = ud;
+void generate_rpc(rpc_call *c, const rpc_request *req, void *ud) {
+    gen_streams *s = ud;
     const Strata__V1__GenerateRequest *r = (const void *)req->msg;
     if (!r->prompt[0]) {
         rpc_call_finish(c, RPC_INVALID_ARGUMENT, "Generate: empty prompt");
@@ -119,14 +120,14 @@ void ctl_h_generate(rpc_call *c, const rpc_request *req, void *ud) {
     }
     size_t n_ids = 0;
     st_err terr = {{0}};
-    if (tok_encode(s->o.vocab, r->prompt, strlen(r->prompt), true, false, &g->prompt, &n_ids, &terr) != 0 ||
+    if (tok_encode(s->vocab, r->prompt, strlen(r->prompt), true, false, &g->prompt, &n_ids, &terr) != 0 ||
         n_ids == 0) {
         rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "Generate: %s", n_ids ? terr.msg : "the prompt has no tokens");
         free(g->prompt);
         free(g);
         return;
     }
-    g->s = s;
+    g->gs = s;
     g->call = c;
     g->req.prompt = g->prompt;
     g->req.n_prompt = (int)n_ids;
@@ -139,11 +140,11 @@ void ctl_h_generate(rpc_call *c, const rpc_request *req, void *ud) {
     g->req.sampling.repeat_penalty = 1.0f;
     g->req.sampling.seed = r->seed;
     g->req.has_seed = r->seed != 0;
-    g->next = s->streams;
-    if (s->streams) s->streams->prev = g;
-    s->streams = g;
+    g->next = s->head;
+    if (s->head) s->head->prev = g;
+    s->head = g;
     st_err err = {{0}};
-    int rc = ctl_eng_submit(s, &g->req, &gen_sink, g, &g->id, &err);
+    int rc = s->eng.ops->submit(s->eng.impl, &g->req, &gen_sink, g, &g->id, &err);
     if (rc != COORD_OK) {
         int code = rc == COORD_EUNAVAIL ? RPC_UNAVAILABLE
                    : rc == COORD_EBUSY  ? RPC_RESOURCE_EXHAUSTED
@@ -154,11 +155,10 @@ void ctl_h_generate(rpc_call *c, const rpc_request *req, void *ud) {
     }
 }
 
-
-void ctl_generate_close_all(ctl_service *s) {
-    while (s->streams) {
-        gen_stream *g = s->streams;
-        ctl_eng_cancel(s, g->id);
+void generate_close_all(gen_streams *s) {
+    while (s->head) {
+        gen_stream *g = s->head;
+        s->eng.ops->cancel(s->eng.impl, g->id);
         rpc_call_finish(g->call, RPC_UNAVAILABLE, "server stopping");
         stream_free(s, g);
     }

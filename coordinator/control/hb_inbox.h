@@ -4,7 +4,7 @@
  * thousand nodes, handing each one to the event loop (an eventfd wake, a
  * thread switch, and the reply's completion waking the rpc thread again) cost
  * more than the rest of the call. So the coordinator answers Heartbeat on the
- * rpc thread (control_service.c): the lease check is registry_lease_is (under
+ * rpc thread (node_rpc.c): the lease check is registry_lease_is (under
  * the registry's lock), and the heartbeat itself (time of arrival, load) goes
  * into this inbox. The loop's thread, which alone writes the rest of the
  * registry, applies the inbox in arrival order with registry_heartbeat: at

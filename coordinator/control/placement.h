@@ -9,8 +9,8 @@
  *             token_embd) on the last;
  *   KV cache  per layer kv_blocks * kv_block_size tokens * 2 (K and V) *
  *             n_head_kv * head_dim * 4 bytes (f32), split over the TP ranks;
- *   activations  the stage's micro-batch buffers (engine/stage.c
- *             rank_prepare) for max_batch_tokens tokens, 4 bytes each:
+ *   activations  the stage's micro-batch buffers (engine/rank_workspace.c
+ *             rank_workspace_prepare) for max_batch_tokens tokens, 4 bytes each:
  *             x, xn, o (n_embd) on every rank, q, att (n_head * head_dim),
  *             k, v (n_head_kv * head_dim), gate, up (n_ff) split over the
  *             ranks: max_batch_tokens * 4 * (3 * n_embd * t + 2 * n_head *

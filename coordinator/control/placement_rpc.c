@@ -1,13 +1,15 @@
 /* placement_rpc.c — the placement calls of strata.v1.Control
- * (control_service.h): GetPlacement, SetPlacement, AutoPlacement, Drain and
- * Undrain. Changes go through epochs.c. */
+ * (placement_rpc.h). */
+#include "coordinator/control/placement_rpc.h"
+
+#include <event2/event.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "coordinator/control/control_internal.h"
+#include "coordinator/control/reply.h"
 #include "proto/control.pb-c.h"
 
 /* ---------------------------------------------------------------- placement */
@@ -35,7 +37,7 @@ static void fill_placement(pl_msg *m, const placement *pl) {
 }
 
 /* current, and pending = the loading placement or `dry` (a dry run). */
-static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry, bool unchanged) {
+static void reply_placement(epochs *ep, rpc_call *c, const placement *dry, bool unchanged) {
     pl_msg *two = calloc(2, sizeof *two);
     if (!two) {
         rpc_call_finish(c, RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -45,20 +47,20 @@ static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry, b
     Strata__V1__NodeLoad loads[PLACE_STAGE_MAX], *lp[PLACE_STAGE_MAX];
     Strata__V1__PlacementReply out = STRATA__V1__PLACEMENT_REPLY__INIT;
     placement none = {0};
-    none.n_layers = s->pm.n_layers;
-    fill_placement(cur, s->cur ? &s->cur->pl : &none);
+    none.n_layers = ep->o.pm->n_layers;
+    fill_placement(cur, ep->cur ? &ep->cur->pl : &none);
     out.current = &cur->p;
     out.unchanged = unchanged;
-    const placement *pp = dry ? dry : s->pend ? &s->pend->pl : NULL;
+    const placement *pp = dry ? dry : ep->pend ? &ep->pend->pl : NULL;
     if (pp) {
         fill_placement(pend, pp);
         out.pending = &pend->p;
-        if (!dry && s->pend) {
+        if (!dry && ep->pend) {
             for (int i = 0; i < pp->n_stages; i++) {
                 strata__v1__node_load__init(&loads[i]);
                 loads[i].node = (char *)pp->st[i].node;
-                loads[i].bytes_total = place_stage_bytes(&s->pm, pp->st[i].first, pp->st[i].last, pp->n_layers);
-                loads[i].bytes_loaded = cluster_stage_ready(s->pend->cl, i) ? loads[i].bytes_total : 0;
+                loads[i].bytes_total = place_stage_bytes(ep->o.pm, pp->st[i].first, pp->st[i].last, pp->n_layers);
+                loads[i].bytes_loaded = cluster_stage_ready(ep->pend->cl, i) ? loads[i].bytes_total : 0;
                 lp[i] = &loads[i];
             }
             out.loading = lp;
@@ -69,7 +71,7 @@ static void reply_placement(ctl_service *s, rpc_call *c, const placement *dry, b
     free(two);
 }
 
-void ctl_h_get_placement(rpc_call *c, const rpc_request *req, void *ud) { reply_placement(ud, c, NULL, false); }
+void placement_rpc_get(rpc_call *c, const rpc_request *req, void *ud) { reply_placement(ud, c, NULL, false); }
 
 /* pl has the current placement's stages (node, layers, TP), no change is in
  * progress, and no node of it registered again since the current epoch was
@@ -78,17 +80,17 @@ void ctl_h_get_placement(rpc_call *c, const rpc_request *req, void *ud) { reply_
  * registrations) holds none of the current epoch's stages, so the same
  * stages are a change: a new epoch loads them onto it (issue 12: a
  * restarted worker re-placed with the old split was refused as unchanged). */
-static bool same_as_current(ctl_service *s, const placement *pl) {
-    if (!s->cur || s->pend || s->from) return false;
-    const placement *c = &s->cur->pl;
+static bool same_as_current(epochs *ep, const placement *pl) {
+    if (!ep->cur || ep->pend || ep->from) return false;
+    const placement *c = &ep->cur->pl;
     if (c->n_stages != pl->n_stages || c->n_layers != pl->n_layers) return false;
     for (int i = 0; i < pl->n_stages; i++)
         if (strcmp(c->st[i].node, pl->st[i].node) || c->st[i].first != pl->st[i].first ||
             c->st[i].last != pl->st[i].last || c->st[i].tp != pl->st[i].tp)
             return false;
     for (int i = 0; i < c->n_stages; i++) {
-        const reg_node *n = registry_find(&s->reg, c->st[i].node);
-        if (n && n->registrations != s->cur->node_reg[i]) {
+        const reg_node *n = registry_find(ep->o.reg, c->st[i].node);
+        if (n && n->registrations != ep->cur->node_reg[i]) {
             ST_INFO("control: %s registered again since placement epoch %" PRIu64 " was assigned (stage %d): "
                     "the same stages are a change (a new epoch loads them)",
                     n->name, c->epoch, i);
@@ -99,10 +101,10 @@ static bool same_as_current(ctl_service *s, const placement *pl) {
 }
 
 /* The placement asked for is the current one: answer it, unchanged. */
-static void reply_unchanged(ctl_service *s, rpc_call *c, const char *what) {
+static void reply_unchanged(epochs *ep, rpc_call *c, const char *what) {
     ST_INFO("control: %s: the placement is unchanged (epoch %" PRIu64 "); nothing to reload", what,
-            s->cur->pl.epoch);
-    reply_placement(s, c, NULL, true);
+            ep->cur->pl.epoch);
+    reply_placement(ep, c, NULL, true);
 }
 
 /* Why a registered node is not usable: "is draining", "is dead"... Names
@@ -116,8 +118,8 @@ static const char *unusable_why(const reg_node *n) {
     }
 }
 
-void ctl_h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
-    ctl_service *s = ud;
+void placement_rpc_set(rpc_call *c, const rpc_request *req, void *ud) {
+    epochs *ep = ud;
     const Strata__V1__SetPlacementRequest *r = (const void *)req->msg;
     if (r->n_stages == 0 || r->n_stages > PLACE_STAGE_MAX) {
         rpc_call_finishf(c, RPC_INVALID_ARGUMENT, "SetPlacement: %zu stages (want 1..%d)", r->n_stages,
@@ -134,7 +136,7 @@ void ctl_h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
         st[i].first = r->stages[i]->first_layer > 100000 ? 100000 : (int)r->stages[i]->first_layer;
         st[i].last = r->stages[i]->last_layer > 100000 ? 100000 : (int)r->stages[i]->last_layer;
         st[i].tp = r->stages[i]->tp > 64 ? 64 : (int)r->stages[i]->tp;
-        const reg_node *rn = registry_find(&s->reg, st[i].node);
+        const reg_node *rn = registry_find(ep->o.reg, st[i].node);
         if (rn && !registry_usable(rn)) {
             rpc_call_finishf(c, RPC_FAILED_PRECONDITION, "SetPlacement: node \"%s\" (stage %zu) %s", rn->name, i,
                              unusable_why(rn));
@@ -142,55 +144,55 @@ void ctl_h_set_placement(rpc_call *c, const rpc_request *req, void *ud) {
         }
     }
     place_node *nodes;
-    int n = ctl_usable_nodes(s, &nodes, NULL);
+    int n = epochs_usable_nodes(ep, &nodes, NULL);
     placement pl;
     int code = RPC_INVALID_ARGUMENT;
     st_err err = {{0}};
-    int rc = n < 0 ? st_errf(&err, "out of memory") : place_check_explicit(&s->pm, nodes, n, st, (int)r->n_stages, &pl, &code, &err);
+    int rc = n < 0 ? st_errf(&err, "out of memory") : place_check_explicit(ep->o.pm, nodes, n, st, (int)r->n_stages, &pl, &code, &err);
     free(nodes);
     if (rc != 0) {
         rpc_call_finishf(c, code, "SetPlacement: %s", err.msg);
         return;
     }
-    if (same_as_current(s, &pl)) {
-        reply_unchanged(s, c, "SetPlacement");
+    if (same_as_current(ep, &pl)) {
+        reply_unchanged(ep, c, "SetPlacement");
         return;
     }
-    if (ctl_change_placement(s, &pl, &code, &err) != 0) {
+    if (epochs_change(ep, &pl, &code, &err) != 0) {
         rpc_call_finishf(c, code, "SetPlacement: %s", err.msg);
         return;
     }
-    reply_placement(s, c, NULL, false);
+    reply_placement(ep, c, NULL, false);
 }
 
-void ctl_h_auto_placement(rpc_call *c, const rpc_request *req, void *ud) {
-    ctl_service *s = ud;
+void placement_rpc_auto(rpc_call *c, const rpc_request *req, void *ud) {
+    epochs *ep = ud;
     const Strata__V1__AutoPlacementRequest *r = (const void *)req->msg;
     place_node *nodes;
-    int n = ctl_usable_nodes(s, &nodes, NULL);
+    int n = epochs_usable_nodes(ep, &nodes, NULL);
     placement pl;
     int code = RPC_INTERNAL;
     st_err err = {{0}};
-    int rc = n < 0 ? st_errf(&err, "out of memory") : place_auto(&s->pm, nodes, n, &pl, &code, &err);
+    int rc = n < 0 ? st_errf(&err, "out of memory") : place_auto(ep->o.pm, nodes, n, &pl, &code, &err);
     free(nodes);
     if (rc != 0) {
         rpc_call_finishf(c, code, "AutoPlacement: %s", err.msg);
         return;
     }
-    if (same_as_current(s, &pl)) { /* a dry run too: no pending change to show */
-        reply_unchanged(s, c, r->dry_run ? "AutoPlacement (dry run)" : "AutoPlacement");
+    if (same_as_current(ep, &pl)) { /* a dry run too: no pending change to show */
+        reply_unchanged(ep, c, r->dry_run ? "AutoPlacement (dry run)" : "AutoPlacement");
         return;
     }
     if (r->dry_run) {
-        pl.epoch = s->last_epoch + 1;
-        reply_placement(s, c, &pl, false);
+        pl.epoch = ep->last_epoch + 1;
+        reply_placement(ep, c, &pl, false);
         return;
     }
-    if (ctl_change_placement(s, &pl, &code, &err) != 0) {
+    if (epochs_change(ep, &pl, &code, &err) != 0) {
         rpc_call_finishf(c, code, "AutoPlacement: %s", err.msg);
         return;
     }
-    reply_placement(s, c, NULL, false);
+    reply_placement(ep, c, NULL, false);
 }
 
 static int cmp_reg_name(const void *a, const void *b) {
@@ -199,12 +201,12 @@ static int cmp_reg_name(const void *a, const void *b) {
 
 /* The other nodes' states, grouped, names sorted: "node-b, node-c are
  * draining; node-d is dead" (or "no other node is registered"), into buf. */
-static const char *others_why(const ctl_service *s, const char *except, char *buf, size_t cap) {
+static const char *others_why(const registry *reg, const char *except, char *buf, size_t cap) {
     static const int order[] = {REG_DRAINING, REG_SUSPECT, REG_DEAD, 0};
-    const reg_node **by_name = malloc(sizeof *by_name * (size_t)(s->reg.n ? s->reg.n : 1));
+    const reg_node **by_name = malloc(sizeof *by_name * (size_t)(reg->n ? reg->n : 1));
     int nn = 0;
     if (!by_name) return snprintf(buf, cap, "(out of memory)"), buf;
-    for (int i = 0; i < s->reg.n; i++) by_name[nn++] = &s->reg.nodes[i];
+    for (int i = 0; i < reg->n; i++) by_name[nn++] = &reg->nodes[i];
     qsort(by_name, (size_t)nn, sizeof *by_name, cmp_reg_name);
     size_t off = 0;
     buf[0] = 0;
@@ -227,22 +229,22 @@ static const char *others_why(const ctl_service *s, const char *except, char *bu
     return buf;
 }
 
-void ctl_h_drain(rpc_call *c, const rpc_request *req, void *ud) {
-    ctl_service *s = ud;
+void placement_rpc_drain(rpc_call *c, const rpc_request *req, void *ud) {
+    epochs *ep = ud;
     const Strata__V1__DrainRequest *r = (const void *)req->msg;
-    reg_node *n = registry_find(&s->reg, r->node);
+    reg_node *n = registry_find(ep->o.reg, r->node);
     if (!n || !n->state) {
         rpc_call_finishf(c, RPC_NOT_FOUND, "Drain: unknown node \"%s\"", r->node);
         return;
     }
-    if (s->pend || s->from) {
+    if (ep->pend || ep->from) {
         rpc_call_finish(c, RPC_FAILED_PRECONDITION, "Drain: a placement change is in progress; try again when it serves");
         return;
     }
-    uint64_t epoch = s->cur ? s->cur->pl.epoch : 0;
-    if (ctl_in_placement(s->cur, n->name)) {
+    uint64_t epoch = ep->cur ? ep->cur->pl.epoch : 0;
+    if (epochs_in_placement(ep->cur, n->name)) {
         place_node *nodes;
-        int k = ctl_usable_nodes(s, &nodes, n->name);
+        int k = epochs_usable_nodes(ep, &nodes, n->name);
         placement pl;
         int code = RPC_INTERNAL;
         st_err err = {{0}};
@@ -253,12 +255,12 @@ void ctl_h_drain(rpc_call *c, const rpc_request *req, void *ud) {
         if (k == 0) {
             rpc_call_finishf(c, RPC_FAILED_PRECONDITION,
                              "Drain: cannot move %s's stages away: no other usable node would be left (%s)",
-                             n->name, others_why(s, n->name, err.msg, sizeof err.msg));
+                             n->name, others_why(ep->o.reg, n->name, err.msg, sizeof err.msg));
             return;
         }
-        int rc = place_auto(&s->pm, nodes, k, &pl, &code, &err);
+        int rc = place_auto(ep->o.pm, nodes, k, &pl, &code, &err);
         free(nodes);
-        if (rc != 0 || ctl_change_placement(s, &pl, &code, &err) != 0) {
+        if (rc != 0 || epochs_change(ep, &pl, &code, &err) != 0) {
             rpc_call_finishf(c, code, "Drain: cannot move %s's stages away: %s", n->name, err.msg);
             return;
         }
@@ -273,17 +275,17 @@ void ctl_h_drain(rpc_call *c, const rpc_request *req, void *ud) {
     ctl_reply(c, &out.base);
 }
 
-void ctl_h_undrain(rpc_call *c, const rpc_request *req, void *ud) {
-    ctl_service *s = ud;
+void placement_rpc_undrain(rpc_call *c, const rpc_request *req, void *ud) {
+    epochs *ep = ud;
     const Strata__V1__DrainRequest *r = (const void *)req->msg;
     st_err err = {{0}};
-    if (registry_undrain(&s->reg, r->node, &err) != 0) {
-        reg_node *n = registry_find(&s->reg, r->node);
+    if (registry_undrain(ep->o.reg, r->node, &err) != 0) {
+        reg_node *n = registry_find(ep->o.reg, r->node);
         rpc_call_finishf(c, n && n->state ? RPC_FAILED_PRECONDITION : RPC_NOT_FOUND, "Undrain: %s", err.msg);
         return;
     }
-    reg_node *n = registry_find(&s->reg, r->node);
-    uint64_t epoch = s->cur ? s->cur->pl.epoch : 0;
+    reg_node *n = registry_find(ep->o.reg, r->node);
+    uint64_t epoch = ep->cur ? ep->cur->pl.epoch : 0;
     ST_INFO("control: undrained %s: ready for the next placement change (placement epoch %" PRIu64
             " unchanged)", n->name, epoch);
     Strata__V1__DrainReply out = STRATA__V1__DRAIN_REPLY__INIT;
@@ -291,6 +293,6 @@ void ctl_h_undrain(rpc_call *c, const rpc_request *req, void *ud) {
     out.state = (Strata__V1__NodeState)n->state;
     out.placement_epoch = epoch;
     ctl_reply(c, &out.base);
-    event_active(s->tick_ev, 0, 0); /* with no placement yet, the tick may place now */
+    event_active(ep->o.tick, 0, 0); /* with no placement yet, the tick may place now */
 }
 

@@ -96,7 +96,7 @@ typedef struct reg_node {
      * from dead. It holds no stage of an epoch assigned before (a restarted
      * process has none; one declared dead may have been fenced), so a
      * placement naming it is a change even with the same stages
-     * (control_service.c's same_as_current). */
+     * (placement_rpc.c's same_as_current). */
     uint64_t registrations;
 } reg_node;
 

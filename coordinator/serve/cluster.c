@@ -846,7 +846,7 @@ void cluster_destroy(cluster *c) {
     free(c);
 }
 
-/* ---- live placement changes (coordinator/control/control_service.c) --------------- */
+/* ---- live placement changes (coordinator/control/epochs.c) ---------------------- */
 
 void cluster_pause(cluster *c) { c->paused = true; }
 

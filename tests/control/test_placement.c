@@ -348,7 +348,7 @@ static void test_node_tp(void) {
     registry_free(&r);
 }
 
-/* A llama-3-8b-shaped model as control_service.c's model_info sees it (bf16
+/* A llama-3-8b-shaped model as control/model_info.c sees it (bf16
  * weights, f32 norms; [cluster] defaults: 1024 KV blocks of 16 tokens,
  * max_batch_tokens 512, max_seqs 64). */
 static place_model model_8b(void) {
