@@ -24,6 +24,7 @@
 #include "coordinator/control/control_internal.h"
 #include "coordinator/control/hb_inbox.h"
 #include "coordinator/control/journal.h"
+#include "coordinator/control/leader.h"
 #include "coordinator/control/state_file.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -284,6 +285,14 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->sequences_resumed = s->seqs_resumed;
     out->tokens_recomputed = s->tokens_recomputed;
     cluster_recovery_times(out); /* also with no placement serving */
+    if (s->ha) {
+        leader_write_stats ws;
+        leader_stats(s->ha, &ws);
+        out->etcd_txns_refused = ws.refused_batches;
+        out->etcd_changes_dropped = ws.dropped_changes;
+        out->etcd_queued = ws.queued;
+        out->etcd_unwritten_s = ws.unwritten_s;
+    }
     bool serving = s->cur && cluster_is_ready(s->cur->cl);
     double t = st_now_s();
     out->n_workers = 0;
@@ -521,6 +530,18 @@ static void h_status(rpc_call *c, const rpc_request *req, void *ud) {
         rec.loading_epoch = s->pend ? s->pend->pl.epoch : 0;
         rec.timeout_s = s->o.recovery_timeout_s;
         out.recovery = &rec;
+    }
+    Strata__V1__EtcdWrites ew = STRATA__V1__ETCD_WRITES__INIT;
+    leader_write_stats ws;
+    if (s->ha) { /* issue 30: a write etcd refuses or that stalls is seen here */
+        leader_stats(s->ha, &ws);
+        ew.queued = ws.queued;
+        ew.unwritten_s = ws.unwritten_s;
+        ew.txns_refused = ws.refused_batches;
+        ew.changes_dropped = ws.dropped_changes;
+        ew.last_refusal = ws.last_refusal;
+        ew.last_refusal_age_s = ws.last_refusal_age_s;
+        out.etcd_writes = &ew;
     }
     ctl_reply(c, &out.base);
 }
