@@ -48,10 +48,16 @@ greedy output on B equals the reference. (Before the fix, etcd refused the
 batch, "duplicate key given in txn request", and A retried it unchanged for
 ever; B took over with the first epoch, which the workers refused.)
 
+Mode `refuse`: etcd started with --max-request-bytes 400 refuses A's
+placement write (about 600 bytes) on its own, while the node records pass:
+A logs the refusal, counts it (/metrics), shows it in `stratactl status`,
+does not retry it unchanged, and steps down (75) once the state has been
+missing from etcd for the TTL.
+
 Every process is started by the test and stopped by its pid, also on
 failure. Exits 77 when there is no etcd binary (Debian: etcd-server).
 
-  failover_test.py [failover|fence|tls|stall] --coordinator BIN --worker BIN
+  failover_test.py [failover|fence|tls|stall|refuse] --coordinator BIN --worker BIN
                    --proto control.proto --shared DIR --workdir DIR
 """
 import argparse
@@ -109,14 +115,14 @@ class Cluster(LiveBase):
         self.logs[name] = fn
         self.procs[name] = subprocess.Popen(cmd, stdout=open(fn, "w"), stderr=subprocess.STDOUT, env=self.env)
 
-    def start_etcd(self, tls=None):
-        """tls: (ca, cert, key) files: https with client-certificate auth."""
+    def start_etcd(self, tls=None, extra=()):
+        """tls: (ca, cert, key) files: https with client-certificate auth. extra: more etcd flags."""
         peer = free_port()
         cmd = [etcd_binary(), "--name", "t", "--data-dir", os.path.join(self.tmp, "etcd-data"),
                "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
                "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
                "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
-               "--initial-cluster", "t=http://127.0.0.1:%d" % peer, "--log-level", "warn"]
+               "--initial-cluster", "t=http://127.0.0.1:%d" % peer, "--log-level", "warn"] + list(extra)
         if tls:
             self.tls = tls
             cmd += ["--trusted-ca-file", tls[0], "--cert-file", tls[1], "--key-file", tls[2], "--client-cert-auth"]
@@ -642,6 +648,58 @@ def run_stall(args):
     return 1 if FAILS else 0
 
 
+def run_refuse(args):
+    """etcd refuses the leader's placement write on its own (--max-request-bytes 400: the state's txn is about
+    600 bytes, a node record's about 200): A logs it, counts it, shows it in stratactl status and /metrics, keeps
+    writing the other keys, and steps down (75) once the state has been missing from etcd for the TTL."""
+    cl = Cluster(args)
+    try:
+        cl.start_etcd(extra=["--max-request-bytes", "400"])
+        cl.start_coordinator("A")
+        check(bool(wait_for(lambda: cl.status("A") is not None, 60, 0.1)), "A is elected (answers GetStatus)")
+        for w in ("w-a", "w-b"):
+            cl.start_worker(w)
+        seen = {}
+
+        def refused():
+            if cl.procs["A"].poll() is not None:
+                return True
+            rc, out = stratactl(args, [cl.coords["A"]["grpc"]], "status")
+            if "etcd refused" in out and "request is too large" in out:
+                seen["status"] = out
+                seen["metrics"] = cl.request("A", "GET", "/metrics")[2]
+                seen["at"] = time.monotonic()
+                return True
+            return False
+        wait_for(refused, 120, 0.2)
+        out, met = seen.get("status", ""), seen.get("metrics", "")
+        check(re.search(r"etcd writes +NOT all in etcd", out) is not None and "1 change(s) dropped" in out and
+              PREFIX + "/state" in out, "stratactl status on A shows the refused state write")
+        check("strata_etcd_txns_refused_total 1" in met and "strata_etcd_changes_dropped_total 1" in met,
+              "A's /metrics count the refusal: strata_etcd_txns_refused_total 1, strata_etcd_changes_dropped_total 1")
+        keys = cl.etcd_keys(PREFIX + "/")
+        state = json.loads(keys.get(PREFIX + "/state", "{}"))  # the first, small one (no stages yet) passed
+        check(PREFIX + "/nodes/w-a" in keys and PREFIX + "/nodes/w-b" in keys and not state.get("stages"),
+              "the node records are in etcd, the refused placement is not: %s, state %s" %
+              (sorted(keys), {k: state.get(k) for k in ("epoch", "last_epoch", "stages")}))
+        try:
+            rc = cl.procs["A"].wait(timeout=TTL + 5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.monotonic() - seen["at"] if "at" in seen else -1
+        check(rc == 75 and took <= TTL + 1, "A steps down (status 75) %.2f s after the refusal was shown" % took)
+        text = cl.text("A")
+        check("etcd refused the change of %s/state on its own" % PREFIX in text and
+              "have not reached etcd for" in text, "A logged the refusal and why it stepped down")
+        check(text.count("request is too large") <= 3, "the refused change was not retried unchanged (%d lines)" %
+              text.count("request is too large"))
+    except Exception as e:  # noqa: BLE001 - reported, the processes still stopped
+        check(False, "no exception: %r" % e)
+    finally:
+        finish(cl, ("w-a", "w-b"))
+    return 1 if FAILS else 0
+
+
 def stratactl(args, addrs, *words):
     """stratactl --addr A,B,... WORDS: (exit status, stdout + stderr)."""
     p = subprocess.run([args.stratactl, "--addr", ",".join(addrs), "--timeout", "5"] + list(words),
@@ -653,7 +711,7 @@ def stratactl(args, addrs, *words):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", nargs="?", default="failover", choices=["failover", "fence", "tls", "stall"])
+    ap.add_argument("mode", nargs="?", default="failover", choices=["failover", "fence", "tls", "stall", "refuse"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--stratactl", required=True)
@@ -666,7 +724,7 @@ def main():
         return 77
     global grpc, pb, pbg
     grpc, pb, pbg = control_stubs(args.proto, os.path.join(args.workdir, "failover_stubs"))
-    return {"tls": run_tls, "fence": run_fence, "stall": run_stall}.get(args.mode, run)(args)
+    return {"tls": run_tls, "fence": run_fence, "stall": run_stall, "refuse": run_refuse}.get(args.mode, run)(args)
 
 
 if __name__ == "__main__":
