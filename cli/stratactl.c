@@ -323,6 +323,13 @@ static int cmd_status(rpc_client *c, const opts *o) {
                    v->held_sequences, v->timeout_s);
             printf("%-16s %s\n", "lost because", v->reason);
         }
+        const Strata__V1__EtcdWrites *w = r->etcd_writes; /* --etcd: the leader's writes (docs/recovery.md) */
+        if (w)
+            printf("%-16s %s: %llu queued, the oldest missing for %.1f s; %llu txn(s) refused, %llu change(s) dropped\n",
+                   "etcd writes", w->queued || w->unwritten_s > 0 ? "NOT all in etcd" : "all in etcd",
+                   (unsigned long long)w->queued, w->unwritten_s, (unsigned long long)w->txns_refused,
+                   (unsigned long long)w->changes_dropped);
+        if (w && *w->last_refusal) printf("%-16s %.1f s ago: %s\n", "etcd refused", w->last_refusal_age_s, w->last_refusal);
         printf("%-16s %llu (%u stages)\n", "placement epoch",
                (unsigned long long)r->placement_epoch, r->n_stages);
         printf("%-16s %u ready / %u total\n", "nodes", r->nodes_ready, r->nodes_total);

@@ -32,6 +32,8 @@ struct coord_metrics {
     char hop_worker[COORD_STATS_MAX_STAGES][COORD_NAME_LEN];
     metrics_series *recoveries, *resumed, *recomputed; /* live mode's recovery counters */
     metrics_series *fenced;
+    metrics_series *etcd_refused, *etcd_dropped, *etcd_queued, *etcd_unwritten; /* the leader's etcd writes */
+    uint64_t last_etcd_refused, last_etcd_dropped;
     metrics_kv kv; /* the KV scheduling metrics (metrics_kv.h) */
     uint64_t last_recoveries, last_resumed, last_recomputed, last_fenced;
     metrics_series *detect, *resume; /* recovery timings (histograms) */
@@ -96,6 +98,13 @@ static void collect_stage(coord_metrics *m, int i, const char *const *v, const c
     metrics_gauge_set(metrics_with(m->load, v, NULL), s->load_seconds);
 }
 
+/* Adds to counter c what the engine's running total v gained since *last. */
+static void follow(metrics_series *c, uint64_t v, uint64_t *last) {
+    if (v <= *last) return;
+    metrics_counter_add(c, (double)(v - *last));
+    *last = v;
+}
+
 static void collect(metrics_registry *r, void *ud) {
     (void)r;
     coord_metrics *m = ud;
@@ -109,22 +118,14 @@ static void collect(metrics_registry *r, void *ud) {
     metrics_gauge_set(m->kv_free, st->kv_blocks_free);
     metrics_kv_collect(&m->kv, st);
     metrics_gauge_set(m->epoch, (double)st->epoch);
-    if (st->recoveries > m->last_recoveries) {
-        metrics_counter_add(m->recoveries, (double)(st->recoveries - m->last_recoveries));
-        m->last_recoveries = st->recoveries;
-    }
-    if (st->sequences_resumed > m->last_resumed) {
-        metrics_counter_add(m->resumed, (double)(st->sequences_resumed - m->last_resumed));
-        m->last_resumed = st->sequences_resumed;
-    }
-    if (st->tokens_recomputed > m->last_recomputed) {
-        metrics_counter_add(m->recomputed, (double)(st->tokens_recomputed - m->last_recomputed));
-        m->last_recomputed = st->tokens_recomputed;
-    }
-    if (st->fenced_frames > m->last_fenced) {
-        metrics_counter_add(m->fenced, (double)(st->fenced_frames - m->last_fenced));
-        m->last_fenced = st->fenced_frames;
-    }
+    follow(m->recoveries, st->recoveries, &m->last_recoveries);
+    follow(m->resumed, st->sequences_resumed, &m->last_resumed);
+    follow(m->recomputed, st->tokens_recomputed, &m->last_recomputed);
+    follow(m->fenced, st->fenced_frames, &m->last_fenced);
+    follow(m->etcd_refused, st->etcd_txns_refused, &m->last_etcd_refused);
+    follow(m->etcd_dropped, st->etcd_changes_dropped, &m->last_etcd_dropped);
+    metrics_gauge_set(m->etcd_queued, (double)st->etcd_queued);
+    metrics_gauge_set(m->etcd_unwritten, st->etcd_unwritten_s);
     observe_new(m->detect, st->detection_s, st->n_detections, &m->last_detect);
     observe_new(m->resume, st->resume_s, st->n_resumes, &m->last_resume);
     for (int i = 0; i < st->n_stages && i < COORD_STATS_MAX_STAGES; i++) {
@@ -301,6 +302,22 @@ coord_metrics *coord_metrics_new(coord_engine *engine, const char *model_name, s
                         "their epoch lost a stage).",
                         NULL, err),
         m->fenced);
+    ONE(metrics_counter(m->reg, "strata_etcd_txns_refused_total",
+                        "Transactions etcd refused from this leader (--etcd; not its passing states such as "
+                        "'not leader'); each is then written one key per transaction.",
+                        NULL, err),
+        m->etcd_refused);
+    ONE(metrics_counter(m->reg, "strata_etcd_changes_dropped_total",
+                        "Changes etcd refused on their own (--etcd): dropped, logged; the leader steps down when "
+                        "one stays missing from etcd for longer than the lease TTL.",
+                        NULL, err),
+        m->etcd_dropped);
+    ONE(metrics_gauge(m->reg, "strata_etcd_queued_changes", "Leader changes queued for etcd, not written yet.",
+                      NULL, err),
+        m->etcd_queued);
+    ONE(metrics_gauge(m->reg, "strata_etcd_unwritten_seconds",
+                      "Age of the oldest change etcd misses (0: etcd has the leader's state).", NULL, err),
+        m->etcd_unwritten);
     static const double rec_b[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 2.5, 3, 5, 10, 30, 60};
     ONE(metrics_histogram(m->reg, "strata_recovery_detection_seconds",
                           "Time from a lost stage's last sign of life (its latest stats reply) to the "

@@ -155,6 +155,13 @@ static void eng_stats(void *impl, coord_engine_stats *out) {
     out->sequences_resumed = s->rec.seqs_resumed;
     out->tokens_recomputed = s->rec.tokens_recomputed;
     engine_totals_report(&s->totals, out); /* also with no placement serving */
+    leader_write_stats ws;
+    if (etcd_store_write_stats(s->etcd, &ws)) {
+        out->etcd_txns_refused = ws.refused_batches;
+        out->etcd_changes_dropped = ws.dropped_changes;
+        out->etcd_queued = ws.queued;
+        out->etcd_unwritten_s = ws.unwritten_s;
+    }
     bool serving = s->ep.cur && cluster_is_ready(s->ep.cur->cl);
     double t = st_now_s();
     out->n_workers = 0;
@@ -245,6 +252,17 @@ static void h_status(rpc_call *c, const rpc_request *req, void *ud) {
         rec.loading_epoch = s->ep.pend ? s->ep.pend->pl.epoch : 0;
         rec.timeout_s = s->rec.timeout_s;
         out.recovery = &rec;
+    }
+    Strata__V1__EtcdWrites ew = STRATA__V1__ETCD_WRITES__INIT;
+    leader_write_stats ws;
+    if (etcd_store_write_stats(s->etcd, &ws)) { /* issue 30: a write etcd refuses or that stalls is seen here */
+        ew.queued = ws.queued;
+        ew.unwritten_s = ws.unwritten_s;
+        ew.txns_refused = ws.refused_batches;
+        ew.changes_dropped = ws.dropped_changes;
+        ew.last_refusal = ws.last_refusal;
+        ew.last_refusal_age_s = ws.last_refusal_age_s;
+        out.etcd_writes = &ew;
     }
     ctl_reply(c, &out.base);
 }

@@ -143,3 +143,9 @@ bool etcd_store_standby(etcd_store *s, char *msg, size_t cap, char *http, size_t
         snprintf(msg, cap, "this coordinator is a standby; a leader election is under way");
     return true;
 }
+
+bool etcd_store_write_stats(etcd_store *s, leader_write_stats *out) {
+    if (!s) return false;
+    leader_stats(s->ha, out);
+    return true;
+}

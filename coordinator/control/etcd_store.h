@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "coordinator/control/leader.h"
 #include "coordinator/control/placement.h"
 #include "coordinator/control/registry.h"
 
@@ -42,6 +43,8 @@ void etcd_store_save(etcd_store *s, const placement *p, uint64_t last_epoch);
 void etcd_store_node(etcd_store *s, const char *name, const char *addr);
 /* True while a standby (s NULL: never): msg (may be NULL) says so and names
  * the leader, http gets the leader's advertised HTTP URL ("" when unknown). */
+/* The leader's write path (leader.h): false when s is NULL (no --etcd). */
+bool etcd_store_write_stats(etcd_store *s, leader_write_stats *out);
 bool etcd_store_standby(etcd_store *s, char *msg, size_t cap, char *http, size_t http_cap);
 
 #endif

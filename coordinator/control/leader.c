@@ -19,6 +19,7 @@
 #include "coordinator/control/etcd_client.h"
 
 #define TXN_OPS_MAX 100     /* etcd's --max-txn-ops default is 128 */
+#define QUEUE_SCAN 1024     /* queued changes coalesced per transaction, at most */
 #define RETRY_S 0.5         /* after a failed etcd call */
 #define WATCH_S 2.0         /* a watch is renewed this often (it also re-reads the key) */
 
@@ -26,7 +27,16 @@ typedef struct wop {
     struct wop *next;
     char *key;   /* full key */
     char *value; /* NULL: delete */
+    double queued; /* when leader_write queued it */
 } wop;
+
+/* A key whose change etcd refused even alone (dropped from the queue): etcd
+ * misses it until a later change of the key is written. */
+typedef struct refused_key {
+    struct refused_key *next;
+    char *key;
+    double since; /* when the refused change was queued */
+} refused_key;
 
 struct leader {
     leader_opts o;
@@ -46,6 +56,13 @@ struct leader {
     bool stop, is_leader;
     char cur_http[256], cur_grpc[256];
     wop *head, *tail;
+    size_t queued;              /* changes in the queue */
+    refused_key *refused;       /* keys etcd misses after a refusal */
+    leader_write_stats ws;      /* counters and the latest refusal (leader_stats) */
+    double refusal_at;          /* when etcd last refused a txn */
+    char seq_key[ETCD_KEY_MAX]; /* PREFIX/seq: the write sequence (flush) */
+    char *seq;                  /* its value as we last wrote or saw it (NULL: absent) */
+    uint64_t seq_n;             /* our writes' counter, for the next value */
     etcd_kvs loaded;            /* handed to the loop thread with the election */
     int64_t lease, my_rev;
     double renewed_sent;        /* when the last renewal that etcd confirmed was sent */
@@ -85,6 +102,14 @@ static void set_current(leader *l, const char *record, size_t len) {
     json_decref(o);
 }
 
+/* The oldest change etcd misses, queued or refused (0: none). Under mu. */
+static double unwritten_since(const leader *l) {
+    double t = l->head ? l->head->queued : 0;
+    for (const refused_key *r = l->refused; r; r = r->next)
+        if (!t || r->since < t) t = r->since;
+    return t;
+}
+
 /* Fencing: this process may no longer act as the leader. */
 static void step_down(leader *l, const char *why) {
     ST_ERROR("leader: %s lost the leadership: %s; exiting (status %d) so that nothing more is served or written "
@@ -106,11 +131,21 @@ static void *fence_main(void *arg) {
     double margin = l->o.ttl_s / 3.0 < 1.0 ? l->o.ttl_s / 3.0 : 1.0;
     while (!stopping(l)) {
         pthread_mutex_lock(&l->mu);
-        double since = st_now_s() - l->renewed_sent;
+        double now = st_now_s(), since = now - l->renewed_sent, oldest = unwritten_since(l);
+        size_t queued = l->queued;
+        bool refused = l->refused != NULL;
         pthread_mutex_unlock(&l->mu);
+        char why[256];
         if (since > l->o.ttl_s - margin) {
-            char why[128];
             snprintf(why, sizeof why, "the lease could not be renewed for %.1f s (TTL %.0f s)", since, l->o.ttl_s);
+            step_down(l, why);
+        }
+        /* The state this leader serves is not in etcd: a successor would take
+         * over without it (an older epoch the workers refuse). */
+        if (oldest && now - oldest > l->o.ttl_s) {
+            snprintf(why, sizeof why,
+                     "its changes have not reached etcd for %.1f s (more than the TTL, %.0f s; %zu queued%s)",
+                     now - oldest, l->o.ttl_s, queued, refused ? ", some refused by etcd" : "");
             step_down(l, why);
         }
         nap(l, 0.05, false);
@@ -214,37 +249,188 @@ static void keepalive(leader *l) {
     if (!ours) step_down(l, "the leader key was deleted or replaced");
 }
 
-/* Writes the queued changes as fenced txns; a failed call leaves them
- * queued (false: retry later). */
+/* ---------------------------------------------------------------- writes */
+
+size_t leader_coalesce(const etcd_op *q, size_t n, etcd_op *out, size_t cap, size_t *used) {
+    size_t k = 0, i = 0;
+    for (; i < n; i++) {
+        size_t j = 0;
+        while (j < k && strcmp(out[j].key, q[i].key)) j++;
+        if (j == k) {
+            if (k == cap) break; /* a new key past the cap: the rest waits for the next txn */
+            k++;
+        }
+        out[j] = q[i]; /* the last change of a key wins: put + delete = delete, delete + put = put */
+    }
+    *used = i;
+    return k;
+}
+
+bool leader_refusal(const char *msg) {
+    /* etcd_client.c: "URL/v3/kv/txn: HTTP 400: etcd: MESSAGE (code N)" is etcd's own answer. No answer,
+     * a 5xx on every endpoint, or etcd's passing states are worth the same call again. */
+    static const char *const passing[] = {"not leader", "no leader", "leader changed", "timed out",
+                                          "too many requests", "HTTP 408", "HTTP 429"};
+    if (!strstr(msg, ": HTTP 4")) return false;
+    for (size_t i = 0; i < sizeof passing / sizeof *passing; i++)
+        if (strstr(msg, passing[i])) return false;
+    return true;
+}
+
+/* Written: key is in etcd again. Under mu. */
+static void refused_clear(leader *l, const char *key) {
+    for (refused_key **p = &l->refused; *p; p = &(*p)->next)
+        if (!strcmp((*p)->key, key)) {
+            refused_key *r = *p;
+            *p = r->next;
+            free(r->key), free(r);
+            return;
+        }
+}
+
+/* etcd refused key's change even alone: it is dropped from the queue (the same
+ * change would be refused again), and remembered as missing from etcd. */
+static void drop_refused(leader *l, const char *key, double since, const char *why) {
+    ST_ERROR("leader: etcd refused the change of %s on its own: %s; dropped (etcd misses it: this leader steps down "
+             "%.0f s after it was queued unless a later change of the key is written)",
+             key, why, l->o.ttl_s);
+    refused_key *r = calloc(1, sizeof *r);
+    pthread_mutex_lock(&l->mu);
+    l->ws.dropped_changes++;
+    snprintf(l->ws.last_refusal, sizeof l->ws.last_refusal, "%.100s: %.200s", key, why);
+    l->refusal_at = st_now_s();
+    bool known = false;
+    for (refused_key *k = l->refused; k; k = k->next) known |= !strcmp(k->key, key);
+    if (!known && r && (r->key = strdup(key))) {
+        r->since = since;
+        r->next = l->refused;
+        l->refused = r;
+        r = NULL;
+    }
+    pthread_mutex_unlock(&l->mu);
+    if (r) free(r->key), free(r);
+}
+
+static void note_refusal(leader *l, const char *what, const char *why) {
+    pthread_mutex_lock(&l->mu);
+    l->ws.refused_batches++;
+    snprintf(l->ws.last_refusal, sizeof l->ws.last_refusal, "%.100s: %.200s", what, why);
+    l->refusal_at = st_now_s();
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* The write sequence did not match: a write of ours whose answer was lost (a
+ * timeout) landed after all, or the key was edited by hand. Adopts its value;
+ * the changes of that write are still queued and go out again. Steps down when
+ * the leader key is not ours. */
+static int resync(leader *l, st_err *err) {
+    etcd_kvs k;
+    if (etcd_range(l->etcd, l->key, false, &k, err) != 0) return -1;
+    bool ours = k.n == 1 && k.kv[0].create_rev == l->my_rev;
+    etcd_kvs_free(&k);
+    if (!ours) step_down(l, "a write was refused: the leader key is no longer ours");
+    if (etcd_range(l->etcd, l->seq_key, false, &k, err) != 0) return -1;
+    char mine[32];
+    snprintf(mine, sizeof mine, "%" PRId64 ".", l->my_rev);
+    if (k.n == 1 && strncmp(k.kv[0].value, mine, strlen(mine)))
+        ST_WARN("leader: %s = %s was not written by this leader; taken as it is", l->seq_key, k.kv[0].value);
+    free(l->seq);
+    l->seq = k.n == 1 ? strdup(k.kv[0].value) : NULL;
+    etcd_kvs_free(&k);
+    return 0;
+}
+
+/* One fenced txn of ops[0..n) (n < TXN_OPS_MAX), chained on PREFIX/seq so that
+ * a write that timed out here but reaches etcd later cannot overwrite a newer
+ * one: every write compares the sequence value of the write before it and
+ * puts a new one. 1: written; 0: no answer or a passing error (err; the
+ * outcome is unknown, write again); -1: etcd refused it (err). */
+static int write_txn(leader *l, const etcd_op *ops, size_t n, st_err *err) {
+    for (int tries = 0; tries < 3; tries++) {
+        char next[48];
+        snprintf(next, sizeof next, "%" PRId64 ".%" PRIu64, l->my_rev, ++l->seq_n);
+        etcd_op all[TXN_OPS_MAX];
+        memcpy(all, ops, n * sizeof *ops);
+        all[n] = (etcd_op){l->seq_key, next, strlen(next), 0};
+        etcd_cmp cmp[2] = {{l->key, ETCD_CMP_CREATE, l->my_rev, NULL},
+                           {l->seq_key, l->seq ? ETCD_CMP_VALUE : ETCD_CMP_CREATE, 0, l->seq}};
+        bool ok = false;
+        int64_t rev;
+        if (etcd_txn(l->etcd, cmp, 2, all, n + 1, NULL, 0, &ok, &rev, NULL, err) != 0)
+            return leader_refusal(err->msg) ? -1 : 0;
+        if (ok) {
+            free(l->seq);
+            l->seq = strdup(next); /* NULL (out of memory): the next write resyncs */
+            return 1;
+        }
+        if (resync(l, err) != 0) return 0;
+    }
+    st_errf(err, "%s kept changing under our writes", l->seq_key);
+    return 0;
+}
+
+/* When the oldest queued change of key among q[0..n) was queued. */
+static double first_queued(const etcd_op *q, const double *at, size_t n, const char *key) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(q[i].key, key)) return at[i];
+    return st_now_s();
+}
+
+/* Writes the queued changes: the longest prefix of the queue with at most
+ * TXN_OPS_MAX - 1 keys, coalesced per key (etcd refuses a txn that writes a
+ * key twice), one fenced txn at a time. A txn etcd refuses (other than a
+ * passing state: not leader, timeouts) is counted and written again one key
+ * per txn; a key refused on its own is logged, counted and dropped
+ * (drop_refused). false: etcd did not answer; what is left stays queued. */
 static bool flush(leader *l) {
+    etcd_op q[QUEUE_SCAN]; /* 40 KB of the election thread's stack */
+    double at[QUEUE_SCAN];
     for (;;) {
-        pthread_mutex_lock(&l->mu);
-        wop *batch = l->head;
         size_t n = 0;
-        for (wop *w = batch; w && n < TXN_OPS_MAX; w = w->next) n++;
+        pthread_mutex_lock(&l->mu);
+        for (wop *w = l->head; w && n < QUEUE_SCAN; w = w->next, n++) {
+            q[n] = (etcd_op){w->key, w->value, w->value ? strlen(w->value) : 0, 0};
+            at[n] = w->queued;
+        }
         pthread_mutex_unlock(&l->mu);
         if (!n) return true;
         etcd_op ops[TXN_OPS_MAX];
-        wop *w = batch;
-        for (size_t i = 0; i < n; i++, w = w->next)
-            ops[i] = (etcd_op){w->key, w->value, w->value ? strlen(w->value) : 0, 0};
-        etcd_cmp cmp = {l->key, ETCD_CMP_CREATE, l->my_rev, NULL};
-        bool ok = false;
-        int64_t rev;
+        size_t used;
+        size_t k = leader_coalesce(q, n, ops, TXN_OPS_MAX - 1, &used);
         st_err err = {{0}};
-        if (etcd_txn(l->etcd, &cmp, 1, ops, n, NULL, 0, &ok, &rev, NULL, &err) != 0) {
-            ST_WARN("leader: writing %zu change(s): %s; kept for the next try", n, err.msg);
+        int r = write_txn(l, ops, k, &err);
+        if (r == 0) {
+            ST_WARN("leader: writing %zu change(s) (%zu queued): %s; kept for the next try", k, n, err.msg);
             return false;
         }
-        if (!ok) step_down(l, "a write was refused: the leader key is no longer ours");
+        if (r < 0) {
+            note_refusal(l, k == 1 ? ops[0].key : "a txn", err.msg);
+            if (k > 1)
+                ST_WARN("leader: etcd refused a txn of %zu change(s): %s; writing them one key per txn", k, err.msg);
+        }
+        for (size_t i = 0; i < k; i++) {
+            int ri = r > 0 ? 1 : k > 1 ? write_txn(l, &ops[i], 1, &err) : -1;
+            if (ri == 0) {
+                ST_WARN("leader: writing %s: %s; kept for the next try", ops[i].key, err.msg);
+                return false;
+            }
+            if (ri < 0) {
+                drop_refused(l, ops[i].key, first_queued(q, at, used, ops[i].key), err.msg);
+            } else {
+                pthread_mutex_lock(&l->mu);
+                refused_clear(l, ops[i].key);
+                pthread_mutex_unlock(&l->mu);
+            }
+        }
         pthread_mutex_lock(&l->mu);
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; i < used; i++) {
             wop *d = l->head;
             l->head = d->next;
             free(d->key);
             free(d->value);
             free(d);
         }
+        l->queued -= used;
         if (!l->head) l->tail = NULL;
         pthread_mutex_unlock(&l->mu);
     }
@@ -286,6 +472,8 @@ static void *leader_main(void *arg) {
             nap(l, 0.1, false);
             if (stopping(l)) return NULL;
         }
+        for (size_t i = 0; i < l->loaded.n; i++)
+            if (!strcmp(l->loaded.kv[i].key, l->seq_key)) l->seq = strdup(l->loaded.kv[i].value);
         pthread_mutex_lock(&l->mu);
         l->is_leader = true;
         snprintf(l->cur_http, sizeof l->cur_http, "%s", l->http);
@@ -320,6 +508,12 @@ static void free_leader(leader *l) {
         l->head = w->next;
         free(w->key), free(w->value), free(w);
     }
+    while (l->refused) {
+        refused_key *r = l->refused;
+        l->refused = r->next;
+        free(r->key), free(r);
+    }
+    free(l->seq);
     if (l->ev) event_free(l->ev);
     for (int i = 0; i < 2; i++)
         if (l->pipe_fd[i] >= 0) close(l->pipe_fd[i]);
@@ -363,6 +557,7 @@ leader *leader_start(const leader_opts *o, struct event_base *base, leader_elect
         goto fail;
     }
     snprintf(l->key, sizeof l->key, "%s/leader", l->prefix);
+    snprintf(l->seq_key, sizeof l->seq_key, "%s/seq", l->prefix);
     etcd_client_opts eo = {o->etcd, o->cacert, o->cert, o->key, o->insecure, 0};
     eo.timeout_s = l->o.ttl_s / 3.0 < 2.0 ? l->o.ttl_s / 3.0 : 2.0;
     if (!(l->etcd = etcd_client_create(&eo, err))) goto fail;
@@ -404,6 +599,16 @@ void leader_current(leader *l, char *http, size_t http_cap, char *grpc, size_t g
     pthread_mutex_unlock(&l->mu);
 }
 
+void leader_stats(leader *l, leader_write_stats *out) {
+    pthread_mutex_lock(&l->mu);
+    *out = l->ws;
+    double now = st_now_s(), oldest = unwritten_since(l);
+    out->queued = l->queued;
+    out->unwritten_s = oldest ? now - oldest : 0;
+    out->last_refusal_age_s = l->ws.last_refusal[0] ? now - l->refusal_at : 0;
+    pthread_mutex_unlock(&l->mu);
+}
+
 void leader_write(leader *l, const char *rel_key, const char *value) {
     if (!leader_is_leader(l)) return;
     wop *w = calloc(1, sizeof *w);
@@ -416,7 +621,9 @@ void leader_write(leader *l, const char *rel_key, const char *value) {
         return;
     }
     snprintf(w->key, n, "%s/%s", l->prefix, rel_key);
+    w->queued = st_now_s();
     pthread_mutex_lock(&l->mu);
+    l->queued++;
     if (l->tail)
         l->tail->next = w;
     else

@@ -149,6 +149,11 @@ typedef struct coord_engine_stats {
     /* Data-plane frames the coordinator dropped as fenced: results of an
      * older epoch, or arriving after their epoch lost a stage (cluster.c). */
     uint64_t fenced_frames;
+    /* The leader's writes to etcd (live mode with --etcd; 0 otherwise):
+     * txns etcd refused, changes it refused on their own (dropped), changes
+     * queued, and the age of the oldest change etcd misses. */
+    uint64_t etcd_txns_refused, etcd_changes_dropped, etcd_queued;
+    double etcd_unwritten_s;
     /* Recovery timings in seconds, the latest COORD_RECOVERY_KEEP of each:
      * entry k (counting from 0 since the start) is at [k % COORD_RECOVERY_KEEP];
      * n_* count every one ever. detection: from the lost stage's last sign of

@@ -35,10 +35,29 @@ etcd's handshake and stays out of the election, with a log line naming etcd;
 plaintext http:// to a non-loopback etcd and https:// without --etcd-cacert
 do not start (a clear message).
 
+Mode `stall` (issue 30, defect 1): only the leader A reaches etcd through a
+TCP relay written here (B goes straight to etcd). Right after a lease renewal
+of A passes through it, the relay stops forwarding for 1.3 s, closing
+nothing (shorter than A's self-fencing limit, TTL - 1 s after that renewal);
+meanwhile two placement changes are made through A (each writes the state
+key twice: its epoch assigned, then serving). After the relay resumes, A is
+still the leader and etcd holds A's newest epoch within the TTL; `stratactl
+status` on A says its writes are in etcd and /metrics has the write path's
+counters. Then A is SIGKILLed: B serves the newest epoch and placement, and
+greedy output on B equals the reference. (Before the fix, etcd refused the
+batch, "duplicate key given in txn request", and A retried it unchanged for
+ever; B took over with the first epoch, which the workers refused.)
+
+Mode `refuse`: etcd started with --max-request-bytes 400 refuses A's
+placement write (about 600 bytes) on its own, while the node records pass:
+A logs the refusal, counts it (/metrics), shows it in `stratactl status`,
+does not retry it unchanged, and steps down (75) once the state has been
+missing from etcd for the TTL.
+
 Every process is started by the test and stopped by its pid, also on
 failure. Exits 77 when there is no etcd binary (Debian: etcd-server).
 
-  failover_test.py [failover|fence|tls] --coordinator BIN --worker BIN
+  failover_test.py [failover|fence|tls|stall|refuse] --coordinator BIN --worker BIN
                    --proto control.proto --shared DIR --workdir DIR
 """
 import argparse
@@ -46,10 +65,14 @@ import base64
 import http.client
 import json
 import os
+import re
+import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -92,14 +115,14 @@ class Cluster(LiveBase):
         self.logs[name] = fn
         self.procs[name] = subprocess.Popen(cmd, stdout=open(fn, "w"), stderr=subprocess.STDOUT, env=self.env)
 
-    def start_etcd(self, tls=None):
-        """tls: (ca, cert, key) files: https with client-certificate auth."""
+    def start_etcd(self, tls=None, extra=()):
+        """tls: (ca, cert, key) files: https with client-certificate auth. extra: more etcd flags."""
         peer = free_port()
         cmd = [etcd_binary(), "--name", "t", "--data-dir", os.path.join(self.tmp, "etcd-data"),
                "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
                "--listen-peer-urls", "http://127.0.0.1:%d" % peer,
                "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % peer,
-               "--initial-cluster", "t=http://127.0.0.1:%d" % peer, "--log-level", "warn"]
+               "--initial-cluster", "t=http://127.0.0.1:%d" % peer, "--log-level", "warn"] + list(extra)
         if tls:
             self.tls = tls
             cmd += ["--trusted-ca-file", tls[0], "--cert-file", tls[1], "--key-file", tls[2], "--client-cert-auth"]
@@ -132,7 +155,7 @@ class Cluster(LiveBase):
     def coordinator_cmd(self, name, extra=()):
         c = self.coords[name]
         return [self.args.coordinator, "--live", "--config", self.cfg, "--listen",
-                "127.0.0.1:%d" % c["http"], "--grpc-listen", c["grpc"], "--etcd", self.etcd_url,
+                "127.0.0.1:%d" % c["http"], "--grpc-listen", c["grpc"], "--etcd", c.get("etcd", self.etcd_url),
                 "--etcd-prefix", PREFIX, "--leader-ttl", str(TTL), "--heartbeat-ms", "200",
                 "--dead-after-ms", "2000", "--min-workers", "2"] + list(extra)
 
@@ -446,6 +469,237 @@ def run(args):
     return 1 if FAILS else 0
 
 
+def answered(b):
+    """Whether b holds a whole HTTP response (Content-Length, or chunked up to its last chunk)."""
+    head, sep, body = b.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    if m:
+        return len(body) >= int(m.group(1))
+    return body.endswith(b"0\r\n\r\n")
+
+
+class Relay(threading.Thread):
+    """A TCP relay 127.0.0.1:port -> 127.0.0.1:upstream, one thread. freeze_after_renewal(s): once the next lease
+    renewal of the leader (a keep-alive, then a read of its key) has been answered, it stops for s seconds: it reads,
+    accepts and forwards nothing, and closes nothing (the kernel still completes new connections' handshakes and
+    buffers what is sent), like a network path that stalls. Then it forwards what was held, in each connection's
+    order (also what a client sent before giving up on a connection)."""
+
+    def __init__(self, upstream):
+        super().__init__(daemon=True)
+        self.upstream = upstream
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.port = self.lsock.getsockname()[1]
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.lsock, selectors.EVENT_READ, None)
+        self.freeze_s = None  # armed: freeze for this long after the next renewal's answer
+        self.frozen_until = 0.0
+        self.frozen = threading.Event()
+        self.stopping = False
+
+    def freeze_after_renewal(self, s):
+        self.frozen.clear()
+        self.freeze_s = s
+
+    def close_pair(self, conn):
+        for sk in (conn["client"], conn["up"]):
+            try:
+                self.sel.unregister(sk)
+            except (KeyError, ValueError):
+                pass
+            sk.close()
+
+    def run(self):
+        while not self.stopping:
+            if time.monotonic() < self.frozen_until:
+                time.sleep(0.002)
+                continue
+            for key, _ in self.sel.select(0.05):
+                if key.data is None:
+                    c, _ = self.lsock.accept()
+                    try:
+                        u = socket.create_connection(("127.0.0.1", self.upstream), timeout=5)
+                    except OSError:
+                        c.close()
+                        continue
+                    conn = {"client": c, "up": u, "phase": 0, "answer": b""}
+                    self.sel.register(c, selectors.EVENT_READ, (conn, "client"))
+                    self.sel.register(u, selectors.EVENT_READ, (conn, "up"))
+                    continue
+                conn, side = key.data
+                src = conn[side]
+                dst = conn["up" if side == "client" else "client"]
+                try:
+                    data = src.recv(65536)
+                    if data:
+                        dst.sendall(data)
+                except OSError:
+                    data = b""
+                if not data:
+                    self.close_pair(conn)
+                    continue
+                # A renewal is a keep-alive, then a read of the leader key (leader.c: keepalive()); the
+                # freeze starts once both are answered, so that the next renewal is due 1 s later.
+                if side == "client":
+                    if data.startswith(b"POST "):  # a new request (the rest of one keeps the phase)
+                        conn["phase"] = 1 if b"/v3/lease/keepalive" in data else 3 if conn["phase"] == 2 else 0
+                        conn["answer"] = b""
+                elif conn["phase"] in (1, 3):
+                    conn["answer"] += data
+                    if not answered(conn["answer"]):
+                        continue
+                    conn["phase"] = 2 if conn["phase"] == 1 else 0
+                    if conn["phase"] == 0 and self.freeze_s:
+                        self.frozen_until = time.monotonic() + self.freeze_s
+                        self.freeze_s = None
+                        self.frozen.set()
+
+    def stop(self):
+        self.stopping = True
+        self.join(timeout=5)
+        for key in list(self.sel.get_map().values()):
+            key.fileobj.close()
+
+
+def etcd_epoch(cl):
+    st = cl.etcd_keys(PREFIX + "/").get(PREFIX + "/state")
+    return json.loads(st).get("epoch") if st else None
+
+
+def run_stall(args):
+    with open(os.path.join(args.shared, "reference", "stories260K-greedy.json")) as f:
+        rs = json.load(f)[:3]
+    cl = Cluster(args)
+    relay = None
+    FREEZE_S = 1.3
+    try:
+        relay = Relay(cl.etcd_port)
+        relay.start()
+        cl.coords["A"]["etcd"] = "http://127.0.0.1:%d" % relay.port
+        epoch0, stages0 = start_pair(cl, rs)
+        check(len(stages0) == 2, "PP 2 over w-a and w-b: epoch %d %s" % (epoch0, stages0))
+        check(bool(wait_for(lambda: etcd_epoch(cl) == epoch0, 10, 0.1)), "etcd holds epoch %d" % epoch0)
+        # Two placement changes: another split, then back to the first one.
+        (na, fa, la), (nb, fb, lb) = stages0
+        S = pb.Stage
+        other = [S(node=na, first_layer=fa, last_layer=la + 1 if lb > fb else la - 1),
+                 S(node=nb, first_layer=fb + 1 if lb > fb else fb - 1, last_layer=lb)]
+        first = [S(node=n, first_layer=f, last_layer=l) for n, f, l in stages0]
+
+        def change(stages, deadline):
+            while time.monotonic() < deadline:
+                try:
+                    return cl.stub("A").SetPlacement(pb.SetPlacementRequest(stages=stages), timeout=5).pending.epoch
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                        raise
+                    time.sleep(0.02)
+            return None
+
+        relay.freeze_after_renewal(FREEZE_S)
+        check(relay.frozen.wait(5), "the relay froze A's link to etcd right after a lease renewal")
+        t0 = time.monotonic()
+        e1 = change(other, t0 + 30)
+        e2 = change(first, t0 + 30)
+        t_changes = time.monotonic() - t0
+        print("placement changes through A: epochs %s, %s, accepted %.2f s into the %.1f s freeze" %
+              (e1, e2, t_changes, FREEZE_S))
+        check(e1 == epoch0 + 1 and e2 == epoch0 + 2, "two placement changes accepted: epochs %s, %s" % (e1, e2))
+        served = wait_for(lambda: (lambda p: p.current.epoch == e2 and not p.HasField("pending"))(
+            cl.stub("A").GetPlacement(pb.GetPlacementRequest(), timeout=5)), 60, 0.05)
+        check(bool(served), "A serves epoch %s" % e2)
+        # etcd has A's newest epoch soon after the link is back (A's writes did not stall).
+        frozen_left = t0 + FREEZE_S - time.monotonic()
+        got = wait_for(lambda: etcd_epoch(cl) == e2, max(frozen_left, 0) + TTL, 0.05)
+        print("etcd's epoch %.2f s after the link came back: %s (A serves %s)" %
+              (time.monotonic() - t0 - FREEZE_S, etcd_epoch(cl), e2))
+        check(bool(got), "etcd holds A's newest epoch %s within the TTL after the link came back" % e2)
+        check(cl.procs["A"].poll() is None, "A is still running (the 1.3 s stall is below its fencing limit)")
+        rc, out = stratactl(args, [cl.coords["A"]["grpc"]], "status")
+        check(rc == 0 and re.search(r"etcd writes +all in etcd", out) is not None,
+              "stratactl status on A: its writes are in etcd (exit %d)" % rc)
+        st, _, met = cl.request("A", "GET", "/metrics")
+        check(st == 200 and "strata_etcd_txns_refused_total 0" in met and "strata_etcd_changes_dropped_total 0" in met,
+              "A's /metrics: strata_etcd_txns_refused_total 0, strata_etcd_changes_dropped_total 0")
+        # SIGKILL A: B takes over with the newest epoch.
+        t1 = time.monotonic()
+        cl.procs["A"].kill()
+        cl.procs["A"].wait()
+        ok = wait_for(lambda: cl.complete("B", rs[0]["prompt"], 2, timeout=10)[0] == 200, TAKEOVER_BOUND_S, 0.05)
+        print("takeover: A SIGKILLed -> first 200 from B in %s" %
+              ("%.2f s" % (time.monotonic() - t1) if ok else "never (%.0f s)" % TAKEOVER_BOUND_S))
+        check(bool(ok), "B serves after A's SIGKILL within %.0f s" % TAKEOVER_BOUND_S)
+        if ok:
+            pl = cl.stub("B").GetPlacement(pb.GetPlacementRequest(), timeout=5).current
+            check(pl.epoch == e2 and [(s.node, s.first_layer, s.last_layer) for s in pl.stages] == stages0,
+                  "B serves A's newest placement: epoch %d (want %s)" % (pl.epoch, e2))
+            exact(cl, "B", rs, 24, "after the takeover (on B)")
+    except Exception as e:  # noqa: BLE001 - reported, the processes still stopped
+        check(False, "no exception: %r" % e)
+    finally:
+        finish(cl, ("B", "w-a", "w-b"))
+        if relay:
+            relay.stop()
+    return 1 if FAILS else 0
+
+
+def run_refuse(args):
+    """etcd refuses the leader's placement write on its own (--max-request-bytes 400: the state's txn is about
+    600 bytes, a node record's about 200): A logs it, counts it, shows it in stratactl status and /metrics, keeps
+    writing the other keys, and steps down (75) once the state has been missing from etcd for the TTL."""
+    cl = Cluster(args)
+    try:
+        cl.start_etcd(extra=["--max-request-bytes", "400"])
+        cl.start_coordinator("A")
+        check(bool(wait_for(lambda: cl.status("A") is not None, 60, 0.1)), "A is elected (answers GetStatus)")
+        for w in ("w-a", "w-b"):
+            cl.start_worker(w)
+        seen = {}
+
+        def refused():
+            if cl.procs["A"].poll() is not None:
+                return True
+            rc, out = stratactl(args, [cl.coords["A"]["grpc"]], "status")
+            if "etcd refused" in out and "request is too large" in out:
+                seen["status"] = out
+                seen["metrics"] = cl.request("A", "GET", "/metrics")[2]
+                seen["at"] = time.monotonic()
+                return True
+            return False
+        wait_for(refused, 120, 0.2)
+        out, met = seen.get("status", ""), seen.get("metrics", "")
+        check(re.search(r"etcd writes +NOT all in etcd", out) is not None and "1 change(s) dropped" in out and
+              PREFIX + "/state" in out, "stratactl status on A shows the refused state write")
+        check("strata_etcd_txns_refused_total 1" in met and "strata_etcd_changes_dropped_total 1" in met,
+              "A's /metrics count the refusal: strata_etcd_txns_refused_total 1, strata_etcd_changes_dropped_total 1")
+        keys = cl.etcd_keys(PREFIX + "/")
+        state = json.loads(keys.get(PREFIX + "/state", "{}"))  # the first, small one (no stages yet) passed
+        check(PREFIX + "/nodes/w-a" in keys and PREFIX + "/nodes/w-b" in keys and not state.get("stages"),
+              "the node records are in etcd, the refused placement is not: %s, state %s" %
+              (sorted(keys), {k: state.get(k) for k in ("epoch", "last_epoch", "stages")}))
+        try:
+            rc = cl.procs["A"].wait(timeout=TTL + 5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.monotonic() - seen["at"] if "at" in seen else -1
+        check(rc == 75 and took <= TTL + 1, "A steps down (status 75) %.2f s after the refusal was shown" % took)
+        text = cl.text("A")
+        check("etcd refused the change of %s/state on its own" % PREFIX in text and
+              "have not reached etcd for" in text, "A logged the refusal and why it stepped down")
+        check(text.count("request is too large") <= 3, "the refused change was not retried unchanged (%d lines)" %
+              text.count("request is too large"))
+    except Exception as e:  # noqa: BLE001 - reported, the processes still stopped
+        check(False, "no exception: %r" % e)
+    finally:
+        finish(cl, ("w-a", "w-b"))
+    return 1 if FAILS else 0
+
+
 def stratactl(args, addrs, *words):
     """stratactl --addr A,B,... WORDS: (exit status, stdout + stderr)."""
     p = subprocess.run([args.stratactl, "--addr", ",".join(addrs), "--timeout", "5"] + list(words),
@@ -457,7 +711,7 @@ def stratactl(args, addrs, *words):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", nargs="?", default="failover", choices=["failover", "fence", "tls"])
+    ap.add_argument("mode", nargs="?", default="failover", choices=["failover", "fence", "tls", "stall", "refuse"])
     ap.add_argument("--coordinator", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--stratactl", required=True)
@@ -470,7 +724,7 @@ def main():
         return 77
     global grpc, pb, pbg
     grpc, pb, pbg = control_stubs(args.proto, os.path.join(args.workdir, "failover_stubs"))
-    return {"tls": run_tls, "fence": run_fence}.get(args.mode, run)(args)
+    return {"tls": run_tls, "fence": run_fence, "stall": run_stall, "refuse": run_refuse}.get(args.mode, run)(args)
 
 
 if __name__ == "__main__":
