@@ -38,12 +38,52 @@ def log_time(line):
     return d.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
+_PORT_LOCKS = []  # reservations of free_port, held until this test process exits
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host="127.0.0.1"):
-    s = socket.socket()
-    s.bind((host, 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A port for a server this test starts. It is
+    - below the kernel's ephemeral range, so no outgoing connection of any
+      process (UCX, gRPC, curl) takes it as its local port meanwhile: a port
+      from bind(0) could be, and the server then failed with "in use";
+    - reserved for this process's lifetime by an flock under
+      $TMPDIR/strata-ports, so a test running beside this one does not pick
+      it too;
+    - bindable on host now."""
+    import fcntl
+    import random
+    lock_dir = os.path.join(tempfile.gettempdir(), "strata-ports")
+    os.makedirs(lock_dir, exist_ok=True)
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    ports = list(range(low, high))
+    random.shuffle(ports)
+    for p in ports:
+        fd = os.open(os.path.join(lock_dir, str(p)), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        s = socket.socket()
+        try:
+            s.bind((host, p))
+        except OSError:
+            os.close(fd)  # in use by something else: the lock goes with it
+            continue
+        finally:
+            s.close()
+        _PORT_LOCKS.append(fd)
+        return p
+    raise RuntimeError("free_port: no free port in [%d, %d)" % (low, high))
 
 
 def closed_port(host="127.0.0.1"):
