@@ -252,9 +252,21 @@ def mode_p2p(args):
                             % (k, k + 1), w[k]), "stage %d joins as rank 0 after the answer" % k)
         before = len(re.findall(r"fake-gpu: p2p send \d+", w[1]))
         check(ref_tokens(cl, refs) == want, "the reference tokens with the rows over the point-to-point")
-        w = [logs(cl, i) for i in range(3)]
-        sends = [[int(b) for b in re.findall(r"fake-gpu: p2p send (\d+)", w[i])] for i in range(3)]
-        recvs = [[int(b) for b in re.findall(r"fake-gpu: p2p recv (\d+)", w[i])] for i in range(3)]
+
+        def transfers():
+            w = [logs(cl, i) for i in range(3)]
+            sends = [[int(b) for b in re.findall(r"fake-gpu: p2p send (\d+)", w[i])] for i in range(3)]
+            recvs = [[int(b) for b in re.findall(r"fake-gpu: p2p recv (\d+)", w[i])] for i in range(3)]
+            return w, sends, recvs
+        # A stage logs its "p2p send|recv" line after the transfer, and the
+        # completion may come back before the last one is written (CI under
+        # ctest -j read 63 receives of 64): wait until the counts agree (or
+        # the deadline), then compare.
+        def all_received():
+            _, s, r = transfers()
+            return len(s[0]) == len(r[1]) and len(s[1]) == len(r[2])
+        wait_for(all_received, 30)
+        w, sends, recvs = transfers()
         check(len(sends[1]) - before >= 2 * 31, "stage 1 sent every step's rows on (%d sends)" % (len(sends[1]) - before))
         check(sends[0] == recvs[1] and sends[1] == recvs[2],
               "each receiver got exactly what its sender sent, in order (%d/%d, %d/%d)"
