@@ -1,8 +1,8 @@
 """harness.py — the pieces the Python integration tests (tests/control,
 tests/cluster, tests/api) and bench/failover.py share: check() and its FAILS
 list, free_port(), closed_port(), wait_for(), an SSE reader, a greedy SSE completion, and
-the start of a live cluster's state (LiveBase). stdlib only; scripts import it
-with sys.path.insert(0, <the tests/ folder>).
+the start of a live cluster's state (LiveBase), and eventually() for log
+reads. stdlib only; scripts import it with sys.path.insert(0, <the tests/ folder>).
 """
 import datetime
 import http.client
@@ -66,6 +66,23 @@ def wait_for(fn, timeout, step=0.05):
             pass
         time.sleep(step)
     return None
+
+
+def eventually(fn, timeout=20, step=0.05):
+    """fn() polled until it returns a true value or timeout s have passed:
+    that value, else fn()'s last one. For what a log shows of an event the
+    test has seen happen: a process may write the line after the test saw
+    the effect (another process's answer, a completion), so one read can
+    come too early on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            v = fn()
+        except Exception:  # noqa: BLE001 - retried until the deadline
+            v = None
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(step)
 
 
 def sse_events(r):
