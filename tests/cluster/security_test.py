@@ -149,11 +149,13 @@ def mode_rogue(args):
         check(ref_tokens(cl, refs) == want, "the same reference tokens afterwards")
         st, _ = cl.get("/health")
         check(st == 200, "/health is 200")
-        logs = read(os.path.join(cl.tmp, "worker0.log")) + read(os.path.join(cl.tmp, "worker1.log"))
-        check("has not authenticated" in logs, "the workers log the dropped unauthenticated frames")
-        check("authentication failed" in logs, "the workers log the failed handshakes")
-        check("not the coordinator" in logs, "the workers log the stage's refused CONTROL")
-        check("bad magic" not in logs and "shadow: " not in logs,
+        def logs():
+            return read(os.path.join(cl.tmp, "worker0.log")) + read(os.path.join(cl.tmp, "worker1.log"))
+        check(eventually(lambda: "has not authenticated" in logs()),
+              "the workers log the dropped unauthenticated frames")
+        check(eventually(lambda: "authentication failed" in logs()), "the workers log the failed handshakes")
+        check(eventually(lambda: "not the coordinator" in logs()), "the workers log the stage's refused CONTROL")
+        check("bad magic" not in logs() and "shadow: " not in logs(),
               "nothing was read from /etc/shadow")
     finally:
         if FAILS:
@@ -335,7 +337,7 @@ def mode_exposure(args):
             ok = wait_for(lambda: "listening on" in read(logp) or p.poll() is not None, 30)
             check(ok and p.poll() is None, "0.0.0.0 with %s starts" % what)
             if extra == ["--insecure"]:
-                check("without credentials (--insecure)" in read(logp), "--insecure logs a warning")
+                check(eventually(lambda: "without credentials (--insecure)" in read(logp)), "--insecure logs a warning")
         finally:
             stop(p)
     # A coordinator whose key differs from the worker's: it names the cause.
