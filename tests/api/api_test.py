@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 import cluster_test as ct  # noqa: E402  (Cluster, check, FAILS)
-from harness import sse_events  # noqa: E402
+from harness import eventually, sse_events  # noqa: E402
 
 check = ct.check
 
@@ -543,9 +543,11 @@ def mode_bad_input(args):
               'strata_requests_total{route="/v1/completions",status="413"}' in m and
               'strata_requests_total{route="/v1/completions",status="429"}' in m,
               "the refusals are counted by status in /metrics")
-        with open(cl.co_log) as f:
-            log = f.read()
-        check(" req=cmpl-" in log and "refused (400)" in log,
+
+        def co_log():
+            with open(cl.co_log) as f:
+                return f.read()
+        check(eventually(lambda: " req=cmpl-" in co_log() and "refused (400)" in co_log()),
               "the refusals are logged with their request id")
         finish(cl)
     finally:

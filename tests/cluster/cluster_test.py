@@ -63,7 +63,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import FAILS, NetnsBridge, check, netns_unavailable, check_streams, free_port, sse_events, stream_all, insecure_flag  # noqa: E402
+from harness import FAILS, NetnsBridge, check, eventually, netns_unavailable, check_streams, free_port, sse_events, stream_all, insecure_flag  # noqa: E402
 
 
 class Cluster:
@@ -582,8 +582,7 @@ def mode_cancel(args):
             time.sleep(0.1)
         check(freed, "after the disconnect the free KV block count returns to %d (now %d)"
               % (free0, s["kv_blocks_free"]))
-        with open(cl.co_log) as f:
-            check("cancelling" in f.read(), "the coordinator logged the cancellation")
+        check(eventually(lambda: "cancelling" in open(cl.co_log).read()), "the coordinator logged the cancellation")
         # Still serving, exactly.
         ref = load_ref(args, "stories260K-greedy.json")[0]
         st, b = cl.complete({"prompt": ref["prompt"], "max_tokens": 64, "temperature": 0,
@@ -712,8 +711,13 @@ def mode_restart(args, stop=False, fail=False):
         check(bool(at) and max(at[0]) < n_tok,
               "worker1 %s mid-stream" % ("failed" if fail else "stopped" if stop else "killed"))
         check_streams(out, base)
-        with open(cl.co_log, errors="replace") as f:
-            steps = [l.rstrip() for l in f if "recovery:" in l]
+
+        def recovery_steps():
+            with open(cl.co_log, errors="replace") as f:
+                return [l.rstrip() for l in f if "recovery:" in l]
+        # the log's last step may trail the streams' end: wait for it
+        eventually(lambda: any("resumed %d request(s)" % len(prompts) in l for l in recovery_steps()))
+        steps = recovery_steps()
         print("\n".join(steps))
         if stop:
             stopped[1].join(70)
@@ -723,9 +727,12 @@ def mode_restart(args, stop=False, fail=False):
             stopped[1].join(70)
             check(any("stage 1" in l and "failed (" in l and "communicator aborted" in l and "holding" in l
                       for l in steps), "the loss is the stage's own report (BatchError.stage_failed)")
-            with open(os.path.join(cl.tmp, "worker1.log"), errors="replace") as f:
-                wl = f.read()
-            check("failed for good" in wl and wl.count(" ready in ") >= 2,
+
+            def reloaded():
+                with open(os.path.join(cl.tmp, "worker1.log"), errors="replace") as f:
+                    wl = f.read()
+                return "failed for good" in wl and wl.count(" ready in ") >= 2
+            check(eventually(reloaded),
                   "worker1 reported its stage lost and loaded it again")
         check(any("stage 1" in l and "holding" in l for l in steps) and
               any("resumed %d request(s)" % len(prompts) in l for l in steps),

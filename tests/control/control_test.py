@@ -49,7 +49,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import finish, LiveBase, check, control_stubs, free_port, reap, sse_events, wait_for  # noqa: E402
+from harness import finish, LiveBase, check, control_stubs, eventually, free_port, reap, sse_events, wait_for  # noqa: E402
 
 HB_MS = 200
 DEAD_MS = 1000
@@ -402,8 +402,11 @@ def mode_drain(cl, args):
     check(covers(cur, 5) and "w-b" not in [s.node for s in cur.stages],
           "w-b holds no stage: %s" % stage_str(cur))
     check(cl.nodes()["w-b"].state == pb.NODE_STATE_DRAINING, "w-b is DRAINING")
-    with open(os.path.join(cl.tmp, "coordinator1.log"), errors="replace") as f:
-        moved = [l for l in f if "sequence(s) moved" in l]
+
+    def moved_lines():
+        with open(os.path.join(cl.tmp, "coordinator1.log"), errors="replace") as f:
+            return [l for l in f if "sequence(s) moved" in l]
+    moved = eventually(moved_lines)
     print("".join(moved).strip())
     check(moved and " 0 running sequence" not in moved[-1],
           "running sequences moved to the new placement (re-prefill), none dropped")
@@ -530,7 +533,7 @@ def mode_restart(cl, args):
     loads1 = {f: t.count(" ready in ") for f, t in logs.items()}
     print("stage loads per worker log before/after the restart: %s / %s" % (loads0, loads1))
     check(loads1 == loads0, "no worker loaded a stage again after the coordinator restart")
-    check(all(t.count("already loaded") > again0[f] for f, t in logs.items()),
+    check(eventually(lambda: all(t.count("already loaded") > again0[f] for f, t in worker_logs(cl).items())),
           "every worker answered the restored assignment with 'already loaded' (after the restart)")
 
 
@@ -630,8 +633,12 @@ def mode_rejoin(cl, args):
     # a placement that really is unchanged still is
     r = cl.stub.SetPlacement(pb.SetPlacementRequest(stages=old), timeout=10)
     check(r.unchanged and not r.HasField("pending"), "the same split once more: unchanged (epoch %d)" % r.current.epoch)
-    with open(os.path.join(cl.tmp, "coordinator1.log"), errors="replace") as f:
-        why = [l.strip() for l in f if "registered again since" in l]
+
+    def why_lines():
+        with open(os.path.join(cl.tmp, "coordinator1.log"), errors="replace") as f:
+            return [l.strip() for l in f if "registered again since" in l]
+    eventually(lambda: len(why_lines()) >= stale_changes)
+    why = why_lines()
     print("\n".join(why[:3]))
     check(len(why) >= stale_changes,
           "the coordinator logs why the same stages were a change (%d line(s), %d such re-placement(s))" %

@@ -76,7 +76,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import FAILS, LiveBase, check, control_stubs, free_port, reap, wait_for  # noqa: E402
+from harness import FAILS, LiveBase, check, control_stubs, eventually, free_port, reap, wait_for  # noqa: E402
 
 TTL = 3
 PREFIX = "/strata/failover-test"
@@ -429,7 +429,7 @@ def run(args):
               % ("%.2f" % took if took else "never", TTL, TAKEOVER_BOUND_S))
         check(took is not None and took <= TAKEOVER_BOUND_S,
               "B serves within TTL + re-attach: %s s <= %.0f s" % ("%.2f" % took if took else "never", TAKEOVER_BOUND_S))
-        check("is the leader" in text, "B logged its election")
+        check(eventually(lambda: "is the leader" in cl.text("B")), "B logged its election")
         pl1 = cl.stub("B").GetPlacement(pb.GetPlacementRequest(), timeout=5).current
         stages1 = [(s.node, s.first_layer, s.last_layer) for s in pl1.stages]
         check(pl1.epoch == epoch0 and stages1 == stages0,
@@ -438,7 +438,7 @@ def run(args):
         print("stage loads per worker before/after: %s / %s" % (loads0, loads1))
         check(loads1 == loads0 and all(v == 1 for v in loads0.values()),
               "no worker loaded its stage again (one load each)")
-        check(all(cl.text(w).count("already loaded") > again0[w] for w in ("w-a", "w-b")),
+        check(eventually(lambda: all(cl.text(w).count("already loaded") > again0[w] for w in ("w-a", "w-b"))),
               "every worker answered B's assignment with 'already loaded'")
         exact(cl, "B", rs, 24, "after the failover (on B)")
         rc, out = stratactl(args, [cl.coords["A"]["grpc"], cl.coords["B"]["grpc"]], "nodes")

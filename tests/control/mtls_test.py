@@ -43,7 +43,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import FAILS, LiveBase, check, control_stubs, free_port, reap, wait_for  # noqa: E402
+from harness import FAILS, LiveBase, check, control_stubs, eventually, free_port, reap, wait_for  # noqa: E402
 
 SVC = "/strata.v1.Control/"
 
@@ -63,6 +63,11 @@ def make_certs(script, d):
     ca("operator", "mallory", where=other)
     ca("node", "w-b", where=other)
     return other
+
+
+def coordinator_log(cl):
+    with open(os.path.join(cl.tmp, "coordinator.log"), errors="replace") as f:
+        return f.read()
 
 
 class Cluster(LiveBase):
@@ -201,8 +206,8 @@ def mode_mtls(cl, args):
         check(False, "the mTLS cluster serves (operator GetStatus)")
         return
     check(True, "the mTLS cluster serves: w-a (flags) and w-b ($STRATA_CA/CERT/KEY) registered with node certificates")
-    with open(os.path.join(cl.tmp, "coordinator.log")) as f:
-        check("mutual TLS" in f.read(), "the coordinator reports mutual TLS on its gRPC listener")
+    check(eventually(lambda: "mutual TLS" in coordinator_log(cl)),
+          "the coordinator reports mutual TLS on its gRPC listener")
 
     # ---- who can connect
     plain, _ = cl.channel(plaintext=True)
@@ -307,10 +312,9 @@ def mode_mtls(cl, args):
     pl_after = op.GetPlacement(pb.GetPlacementRequest(), timeout=5)
     check(pl_after.current.epoch == pl_before.epoch and not pl_after.HasField("pending"),
           "the placement is unchanged (epoch %d)" % pl_after.current.epoch)
-    with open(os.path.join(cl.tmp, "coordinator.log")) as f:
-        log = f.read()
-    check(re.search(r"refused SetPlacement from ipv4:127\.0\.0\.1:\d+ \(certificate CN \\?\"node:evil\\?\"\)", log)
-          is not None, "the coordinator logs the refusal with the caller's address and certificate")
+    check(eventually(lambda: re.search(r"refused SetPlacement from ipv4:127\.0\.0\.1:\d+ \(certificate CN "
+                                       r"\\?\"node:evil\\?\"\)", coordinator_log(cl))),
+          "the coordinator logs the refusal with the caller's address and certificate")
 
     # ---- stratactl
     rc, out, err = cl.ctl("--json", "nodes")
@@ -418,8 +422,7 @@ def rotate(cl, args, op):
     after = {n.name: (n.lease_id, n.state) for n in op.ListNodes(pb.ListNodesRequest(), timeout=5).nodes}
     check(all(after.get(k, (0, 0)) == (v, pb.NODE_STATE_READY) for k, v in leases.items()),
           "the workers stay registered (same leases, ready) across the rotation")
-    with open(os.path.join(cl.tmp, "coordinator.log")) as f:
-        check("reloaded" in f.read(), "the coordinator logs the reload")
+    check(eventually(lambda: "reloaded" in coordinator_log(cl)), "the coordinator logs the reload")
     st, ids = complete(cl.http_port, refs(args)[0]["prompt"], 16)
     check(st == 200 and ids == refs(args)[0]["completion_tokens"][:16], "serving after the rotation")
 

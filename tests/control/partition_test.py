@@ -47,7 +47,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import (finish, LiveBase, NetnsBridge, check, check_streams, control_stubs, free_port,  # noqa: E402
+from harness import (finish, LiveBase, NetnsBridge, check, check_streams, control_stubs, eventually, free_port,  # noqa: E402
                      http_get, insecure_flag, log_time, netns_unavailable, reap, stream_all, wait_for)
 
 N_STREAMS = 6
@@ -234,7 +234,7 @@ def run(args, mode, cl):
             print("healed %.1f s after the partition" % (time.time() - t_fault), flush=True)
             fenced = wait_for(lambda: metric(cl, "strata_fenced_frames_total"), 30, 0.1)
             print("fenced frames (coordinator): %s" % fenced)
-            check(bool(fenced) and "(epoch lost: fenced)" in cl.log(),
+            check(bool(fenced) and eventually(lambda: "(epoch lost: fenced)" in cl.log()),
                   "%s: the stale results of epoch %d are dropped and counted (strata_fenced_frames_total %s)"
                   % (mode, pl0.epoch, fenced))
             check(not cl.serving(), "%s: the returning %s is not used by accident (still held)"
@@ -246,6 +246,8 @@ def run(args, mode, cl):
         streams.join(300)
     out = res[0] if res else [(False, [], ["no result"])] * N_STREAMS
     check_streams(out, base, mode + ": ")
+    # the resume's log line may trail the streams' end
+    eventually(lambda: "resumed %d request(s)" % N_STREAMS in cl.log())
     steps = [l for l in cl.log().splitlines() if "recovery:" in l]
     print("\n".join(l[:250] for l in steps))
     check(any("resumed %d request(s)" % N_STREAMS in l for l in steps),

@@ -51,7 +51,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from harness import (finish, LiveBase, check, check_streams, control_stubs, free_port, http_get,  # noqa: E402
+from harness import (finish, LiveBase, check, check_streams, control_stubs, eventually, free_port, http_get,  # noqa: E402
                      reap, stream_all, wait_for)
 
 HB_MS = 1000
@@ -206,10 +206,13 @@ def kill_mid_stream(cl, rs, base, label, hang=False, fail=False):
             if any(o.node == s.node and (o.first_layer, o.last_layer) == (s.first_layer, s.last_layer)
                    for o in pl0.stages)]
     for n in same:
+        eventually(lambda: "adopts the loaded stage of lost epoch %d" % pl0.epoch in cl.log(n))
         wl = cl.log(n)
         check("adopts the loaded stage of lost epoch %d" % pl0.epoch in wl and wl.count(" ready in ") == 1,
               "%s: survivor %s keeps its stage (adopted, loaded once)" % (label, n))
     print("survivors with an unchanged stage (adopted): %s" % same)
+    # the resume's log line may trail the streams' end
+    eventually(lambda: "resumed %d request(s)" % len(rs) in cl.log())
     log = cl.log()
     steps = [l for l in log.splitlines() if "recovery:" in l]
     print("\n".join(steps))
@@ -223,8 +226,7 @@ def kill_mid_stream(cl, rs, base, label, hang=False, fail=False):
         check(any("lost stage 1" in l and "failed (" in l and "communicator aborted" in l for l in steps),
               "%s: the loss is the stage's own report (BatchError.stage_failed), not the deadline" % label)
         check(not any("hung" in l for l in steps), "%s: no hang was needed to find it" % label)
-        wl = cl.log(victim)
-        check("failed for good" in wl and "reporting it lost" in wl,
+        check(eventually(lambda: "failed for good" in cl.log(victim) and "reporting it lost" in cl.log(victim)),
               "%s: %s logs its failed stage once reported" % (label, victim))
     st, m = cl.get("/metrics")
     vals = {}

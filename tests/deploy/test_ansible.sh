@@ -6,7 +6,8 @@
 # this build directory):
 #  1. --syntax-check of site.yml and rolling_restart.yml;
 #  2. site.yml for real: files, modes, rendered settings, the package list;
-#  3. site.yml again and in --check --diff mode: nothing changes;
+#  3. site.yml in --check --diff mode: nothing changes (a second real run
+#     changes nothing either: checked after the upgrade in 5);
 #  4. systemd-analyze verify on the installed units (paths moved under the root);
 #  5. a coordinator and two workers started from the installed units and
 #     rendered files (local_service.sh), with the mutual-TLS certificates the
@@ -16,13 +17,16 @@
 #     generating; the cluster serves at the end with layers on both workers;
 #     then site.yml with a changed setting: by default the changed workers are
 #     rolled the same way (drained and restarted one at a time), no request
-#     fails;
+#     fails; site.yml once more changes nothing on any host, restarts nothing;
 #  6. ownership, with the owner set (nobody:nogroup): system directories
 #     (/usr/local/bin root:staff 2775, /etc/systemd/system) keep their owner,
 #     group and mode, Strata's own get theirs; two worker instances on one
 #     host (strata_worker_instances): the template unit, one env file each;
 #  7. --check --diff on a new host (strata_manage_system=true, a user and group
 #     that do not exist, no apt, no systemctl): it passes and creates nothing.
+# The playbook runs of 6 and 7 need no cluster: they go on in the background
+# during 5 (which mostly waits on the cluster); their checks come after it.
+# Each ansible-playbook run's time is printed ("time: ...").
 set -euo pipefail
 src=$1 shared=$2 worker=$3 coord=$4 topo=$5 ctl=$6
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,11 +42,17 @@ cleanup() {
   for h in w1 w2; do "$here/local_service.sh" stop "$tmp/root/$h" strata-worker > /dev/null 2>&1 || true; done
   "$here/local_service.sh" stop "$tmp/root/coord" strata-coordinator > /dev/null 2>&1 || true
   [ -z "${load_pid:-}" ] || kill "$load_pid" 2> /dev/null || true
+  [ -z "${side_pid:-}" ] || { kill "$side_pid" 2> /dev/null; wait "$side_pid"; } || true
   rm -rf "$tmp"
 }
 [ -n "${STRATA_TEST_KEEP:-}" ] || trap cleanup EXIT
 export ANSIBLE_LOCAL_TEMP=$tmp/ansible-local ANSIBLE_REMOTE_TEMP=$tmp/ansible-remote
 export ANSIBLE_NOCOLOR=1 ANSIBLE_RETRY_FILES_ENABLED=0 ANSIBLE_STDOUT_CALLBACK=default
+# The test's cost is Ansible's, a dozen runs of it: the facts of this one
+# machine are gathered once a host, not once a run (a fact cache in $tmp;
+# the roles read none but ansible_processor_nproc).
+export ANSIBLE_GATHERING=smart ANSIBLE_CACHE_PLUGIN=jsonfile \
+  ANSIBLE_CACHE_PLUGIN_CONNECTION=$tmp/facts ANSIBLE_CACHE_PLUGIN_TIMEOUT=3600
 grpc_port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # The control plane's certificates, made as docs/security.md says.
 ca=$tmp/strata-ca
@@ -73,10 +83,20 @@ strata_worker_env={"UCX_TLS": "tcp"}
 strata_log_level=debug
 strata_tls_dir=$ca
 INV
+# Each ansible-playbook run's wall time goes to the test's output (fd 3),
+# whatever its own output is redirected to.
+exec 3>&1
+playbook() {
+  local t0 rc=0
+  t0=$(date +%s.%N)
+  ansible-playbook "$@" || rc=$?
+  echo "time: ansible-playbook $(printf '%s ' "$@" | grep -oE -- '[a-z_]+\.yml|--(check|diff|limit [^ ]+|syntax-check)' | tr '\n' ' ')$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" >&3
+  return $rc
+}
 # strata_root and strata_manage_system=false also as extra vars (the highest
 # precedence): whatever the roles' defaults say, nothing is written outside $tmp.
 play() {
-  ( cd "$src/ansible" && ansible-playbook -i "$tmp/inventory.ini" -e strata_manage_system=false \
+  ( cd "$src/ansible" && playbook -i "$tmp/inventory.ini" -e strata_manage_system=false \
       -e "strata_root=$tmp/root/{{ inventory_hostname }}" "$@" )
 }
 
@@ -158,19 +178,18 @@ check "coord env: same STRATA_* variables as systemd/strata-coordinator.env" tes
 play site.yml --check --limit w1 -e strata_tls_dir= > "$tmp/notls.log" 2>&1 || true
 check "no strata_tls_dir, no strata_insecure: refused" grep -q "set strata_tls_dir to a folder made with scripts/strata-ca" "$tmp/notls.log"
 
-# 3. Idempotent, and a dry run changes nothing either.
-play site.yml > "$tmp/run2.log" 2>&1 || { cat "$tmp/run2.log"; echo "FAIL: site.yml (2nd run)"; exit 1; }
-check "run 2: changed=0 on every host" test "$(grep -cE '^(coord|w1|w2) .*changed=0 .*failed=0' "$tmp/run2.log")" -eq 3
+# 3. A dry run changes nothing. (A second real run changes nothing either:
+# site.yml's last run in 5, after the upgrade, on every host.)
 play site.yml --check --diff > "$tmp/check.log" 2>&1 || { cat "$tmp/check.log"; echo "FAIL: site.yml --check"; exit 1; }
 check "--check --diff: changed=0 on every host" test "$(grep -cE '^(coord|w1|w2) .*changed=0 .*failed=0' "$tmp/check.log")" -eq 3
-# ... and a changed setting shows up as a diff in check mode, and is not written.
-play site.yml --check --diff -e strata_log_level=warn --limit w1 > "$tmp/check2.log" 2>&1 || true
-check "--check --diff shows a changed setting" grep -q '^+STRATA_LOG=warn' "$tmp/check2.log"
+# ... and a changed setting shows up as a diff in check mode, and is not
+# written. The same run (one run for two dry-run claims) uses the build
+# method: the checkout is archived and would be copied and built (the build
+# itself is minutes of compiling, not run here).
+play site.yml --check --diff -e strata_log_level=warn -e strata_install_method=build -e "strata_archive=$tmp/src.tar.gz" \
+  --limit w1 > "$tmp/build-check.log" 2>&1 || { cat "$tmp/build-check.log"; fail=1; }
+check "--check --diff shows a changed setting" grep -q '^+STRATA_LOG=warn' "$tmp/build-check.log"
 check "--check wrote nothing" grep -qx "STRATA_LOG=debug" "$tmp/root/w1/etc/strata/strata-worker.env"
-
-# The build method in check mode: the checkout is archived and would be
-# copied and built (the build itself is minutes of compiling, not run here).
-play site.yml --check -e strata_install_method=build -e "strata_archive=$tmp/src.tar.gz" --limit w1 > "$tmp/build-check.log" 2>&1 || { cat "$tmp/build-check.log"; fail=1; }
 check "build method, --check: no failure" grep -qE '^w1 .*failed=0' "$tmp/build-check.log"
 check "build method: git archive of HEAD made" tar -tzf "$tmp/src.tar.gz" CMakeLists.txt scripts/bootstrap
 check "build method: the archive would be copied" grep -q 'changed: \[w1\]' <(grep -A2 'Copy the sources to the node' "$tmp/build-check.log")
@@ -185,6 +204,43 @@ done
 rc=0; ( cd "$tmp/verify" && systemd-analyze verify ./strata-coordinator.service ./strata-worker.service ) > "$tmp/verify.out" 2>&1 || rc=$?
 cat "$tmp/verify.out"
 check "installed units: systemd-analyze verify clean" test "$rc" -eq 0 -a ! -s "$tmp/verify.out"
+
+# 6 and 7 (below) need no cluster: their playbook runs (their own roots and
+# inventories) go on in the background while 5 runs, which mostly waits on
+# the cluster; their checks come after 5.
+# An inventory of one host in both groups (copy mode, plaintext control plane).
+one_host_inventory() {
+  printf '%s\n' "[strata_coordinator]" "$1 ansible_host=127.0.0.1" "" "[strata_workers]" "$1" "" "[all:vars]" \
+    "ansible_connection=local" "ansible_python_interpreter=/usr/bin/python3" "strata_install_method=copy" \
+    "strata_local_build_dir=$build" "strata_model_src=$shared/models/stories260K.gguf" "strata_insecure=true" > "$2"
+}
+# 6: ownership and instances (a separate root; the owner is set to nobody:nogroup).
+o=$tmp/own
+mkdir -p "$o/usr/local/bin" "$o/etc/systemd/system"
+chown 0:50 "$o/usr/local/bin" "$o/etc/systemd/system" 2> /dev/null && chmod 2775 "$o/usr/local/bin" && owned=1 || owned=0
+before_bin=$(stat -c '%u:%g %a' "$o/usr/local/bin"); before_unit=$(stat -c '%u:%g %a' "$o/etc/systemd/system")
+one_host_inventory own "$tmp/inv-own.ini"
+own_play() {
+  ( cd "$src/ansible" && playbook -i "$tmp/inv-own.ini" -e strata_manage_system=false -e "strata_root=$o" \
+      -e strata_set_owner=true -e strata_user=nobody -e strata_group=nogroup \
+      -e '{"strata_worker_instances": [{"name": "gpu0", "port": 7101, "env": {"CUDA_VISIBLE_DEVICES": "0"}}, {"name": "gpu1", "port": 7102, "args": "--threads 2"}]}' \
+      "$@" site.yml )
+}
+# 7: --check --diff on a new host: system management on, with a user and
+# group that do not exist (no apt, no systemctl).
+nu=strata-t$$
+one_host_inventory new "$tmp/inv-new.ini"
+new_play() {
+  ( cd "$src/ansible" && playbook -i "$tmp/inv-new.ini" --check --diff -e strata_manage_system=true \
+      -e strata_install_packages=false -e strata_manage_services=false -e "strata_root=$tmp/new" \
+      -e "strata_user=$nu" -e "strata_group=$nu" site.yml )
+}
+(
+  own_play > "$tmp/own.log" 2>&1 || touch "$tmp/own.failed"
+  own_play > "$tmp/own2.log" 2>&1 || true
+  new_play > "$tmp/new.log" 2>&1 || true
+) &
+side_pid=$!
 
 # 5. The installed cluster runs; rolling_restart.yml restarts it under load.
 ctl_in() { "$c/usr/local/bin/stratactl" --addr "127.0.0.1:$grpc_port" --ca "$ca/ca.pem" --cert "$ca/operator-ansible.pem" --key "$ca/operator-ansible.key" "$@"; }
@@ -273,27 +329,12 @@ play site.yml -e "strata_stratactl=$c/usr/local/bin/stratactl" -e "strata_ctl_tl
   -e "strata_worker_restart_command='$here/local_service.sh restart $tmp/root/{{ inventory_hostname }} strata-worker'" \
   > "$tmp/upgrade2.log" 2>&1 || true
 check "site.yml with nothing changed restarts nothing" bash -c "! grep -qE 'TASK \[Drain w[12]\]' '$tmp/upgrade2.log' && grep -qE '^w1 .*changed=0 .*failed=0' '$tmp/upgrade2.log'"
+check "site.yml again: changed=0 on every host" test "$(grep -cE '^(coord|w1|w2) .*changed=0 .*failed=0' "$tmp/upgrade2.log")" -eq 3
 
-# An inventory of one host in both groups (copy mode, plaintext control plane).
-one_host_inventory() {
-  printf '%s\n' "[strata_coordinator]" "$1 ansible_host=127.0.0.1" "" "[strata_workers]" "$1" "" "[all:vars]" \
-    "ansible_connection=local" "ansible_python_interpreter=/usr/bin/python3" "strata_install_method=copy" \
-    "strata_local_build_dir=$build" "strata_model_src=$shared/models/stories260K.gguf" "strata_insecure=true" > "$2"
-}
+wait "$side_pid" || true; side_pid=
 
-# 6. Ownership and instances (a separate root; the owner is set to nobody:nogroup).
-o=$tmp/own
-mkdir -p "$o/usr/local/bin" "$o/etc/systemd/system"
-chown 0:50 "$o/usr/local/bin" "$o/etc/systemd/system" 2> /dev/null && chmod 2775 "$o/usr/local/bin" && owned=1 || owned=0
-before_bin=$(stat -c '%u:%g %a' "$o/usr/local/bin"); before_unit=$(stat -c '%u:%g %a' "$o/etc/systemd/system")
-one_host_inventory own "$tmp/inv-own.ini"
-own_play() {
-  ( cd "$src/ansible" && ansible-playbook -i "$tmp/inv-own.ini" -e strata_manage_system=false -e "strata_root=$o" \
-      -e strata_set_owner=true -e strata_user=nobody -e strata_group=nogroup \
-      -e '{"strata_worker_instances": [{"name": "gpu0", "port": 7101, "env": {"CUDA_VISIBLE_DEVICES": "0"}}, {"name": "gpu1", "port": 7102, "args": "--threads 2"}]}' \
-      "$@" site.yml )
-}
-own_play > "$tmp/own.log" 2>&1 || { cat "$tmp/own.log"; echo "FAIL: site.yml (ownership)"; fail=1; }
+# 6. Ownership and instances: the runs' results.
+[ ! -e "$tmp/own.failed" ] || { cat "$tmp/own.log"; echo "FAIL: site.yml (ownership)"; fail=1; }
 check "ownership run: no host failed" grep -qE '^own .*failed=0' "$tmp/own.log"
 if [ "$owned" -eq 1 ]; then
   check "/usr/local/bin keeps its owner, group and mode ($before_bin)" test "$(stat -c '%u:%g %a' "$o/usr/local/bin")" = "$before_bin"
@@ -312,16 +353,9 @@ check "instance gpu0: port 7101, node own-gpu0, CUDA_VISIBLE_DEVICES" bash -c \
   "grep -qx 'STRATA_WORKER_LISTEN=127.0.0.1:7101' '$o/etc/strata/strata-worker@gpu0.env' && grep -qx 'STRATA_NODE_NAME=own-gpu0' '$o/etc/strata/strata-worker@gpu0.env' && grep -qx 'CUDA_VISIBLE_DEVICES=0' '$o/etc/strata/strata-worker@gpu0.env'"
 check "instance gpu1: port 7102, its args" bash -c \
   "grep -qx 'STRATA_WORKER_LISTEN=127.0.0.1:7102' '$o/etc/strata/strata-worker@gpu1.env' && grep -qx 'STRATA_WORKER_ARGS=--threads 2' '$o/etc/strata/strata-worker@gpu1.env'"
-own_play > "$tmp/own2.log" 2>&1 || true
 check "ownership run 2: changed=0" grep -qE '^own .*changed=0 .*failed=0' "$tmp/own2.log"
 
-# 7. --check --diff on a new host: system management on, with a user and group
-# that do not exist (no apt, no systemctl). It must pass and create nothing.
-nu=strata-t$$
-one_host_inventory new "$tmp/inv-new.ini"
-( cd "$src/ansible" && ansible-playbook -i "$tmp/inv-new.ini" --check --diff -e strata_manage_system=true \
-    -e strata_install_packages=false -e strata_manage_services=false -e "strata_root=$tmp/new" \
-    -e "strata_user=$nu" -e "strata_group=$nu" site.yml ) > "$tmp/new.log" 2>&1 || true
+# 7. --check --diff on a new host: it must pass and create nothing.
 grep -A2 '^PLAY RECAP' "$tmp/new.log" || tail -30 "$tmp/new.log"
 check "--check --diff on a new host: no failure (no chgrp on a missing group)" grep -qE '^new .*failed=0' "$tmp/new.log"
 check "--check --diff reports the user and group it would create" bash -c "grep -A1 'Create the strata group' '$tmp/new.log' | grep -q 'changed: \[new\]'"

@@ -51,7 +51,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
-from harness import (FAILS, LiveBase, check, check_streams, control_stubs, free_port, reap,  # noqa: E402
+from harness import (FAILS, LiveBase, check, check_streams, control_stubs, eventually, free_port, reap,  # noqa: E402
                      sse_completion, stream_all, wait_for)
 from cluster_test import Cluster  # noqa: E402
 
@@ -297,7 +297,12 @@ def mode_probes(args):
         st, h, body = request(p, "GET", "/v1/models", headers={"X-Request-Id": "models-1"})
         check(h.get("X-Request-Id") == "models-1", "other routes echo X-Request-Id too")
         time.sleep(0.3)
-        log = open(cl.co_log, errors="replace").read()
+
+        def co_log():
+            return open(cl.co_log, errors="replace").read()
+        # a request's access line is written after its answer
+        eventually(lambda: "req=trace-42.a:b" in co_log() and "req=sse-7" in co_log())
+        log = co_log()
         check("req=trace-42.a:b" in log and "req=sse-7" in log, "the log lines carry the client's request id")
         check("has space" not in log, "an invalid id never reaches the log")
         # Liveness vs readiness: no placement serves.
@@ -395,8 +400,8 @@ def mode_worker_leave(args):
               % (round(replaced[0], 2) if replaced else None))
         pl1 = stub.GetPlacement(pb.GetPlacementRequest(), timeout=5).current
         check("w-c" in [x.node for x in pl1.stages], "the spare w-c took the stage")
-        clog = open(logs["coordinator"], errors="replace").read()
-        check("node %s is leaving (SIGTERM)" % victim in clog, "the coordinator logs the Leave")
+        check(eventually(lambda: "node %s is leaving (SIGTERM)" % victim
+                         in open(logs["coordinator"], errors="replace").read()), "the coordinator logs the Leave")
         wlog = open(logs[victim], errors="replace").read()
         check("left the cluster (SIGTERM): 1 stage(s)" in wlog, "the worker logs that it left")
     except Exception as e:  # noqa: BLE001
