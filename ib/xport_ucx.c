@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <ucp/api/ucp.h>
@@ -29,6 +30,7 @@
 #include "common/clock.h"
 #include "common/hop_trace.h"
 #include "common/log.h"
+#include "ib/listen_guard.h"
 #include "ib/xport_auth.h"
 #include "ib/xport_mem.h"
 #include "ib/xport_peers.h"
@@ -393,9 +395,11 @@ fail:
  * ucp_listener_destroy freed it; only ucp_worker_destroy (closing the
  * connection manager, with UCX's async thread blocked) removes those.
  * So: refuse new requests first (destroying: on_conn_request rejects them
- * with ucp_listener_reject), close the peers, then destroy the listener and
- * the worker back to back, and free what a callback could still name (the
- * peers, their pending receives, the loop event) only after the worker. */
+ * with ucp_listener_reject) and new connections (listen_guard_block), close
+ * the peers, end every connection the listener accepted and wait until none
+ * is left (then none can still deliver a request), destroy the listener and the worker
+ * back to back, and free what a callback could still name (the peers, their
+ * pending receives, the loop event) only after the worker. */
 void xport_destroy(xport *x)
 {
     if (!x) return;
@@ -408,6 +412,9 @@ void xport_destroy(xport *x)
             xsend_fail_deferred(p);
             peer_start_close(x, p);
         }
+        /* No new connection reaches the listener from here on; the ones it
+         * accepted are ended below (listen_guard.h). */
+        if (x->listener) listen_guard_block(x->port);
         /* Let closes and cancelled operations complete (bounded), running
          * the send callbacks as they complete. */
         double t0 = st_now_s();
@@ -419,6 +426,18 @@ void xport_destroy(xport *x)
             for (xport_peer *p = x->peers; p; p = p->next)
                 if (p->state != PEER_CLOSED || p->ops > 0) busy = true;
             if (!busy || st_now_s() - t0 > 5.0) break;
+        }
+        /* Then end every connection the listener accepted (a peer's, one
+         * whose request is refused, one that never sent all of it) and let
+         * UCX's thread drop them (bounded): none can deliver a request to the
+         * destroyed listener. */
+        if (x->listener) {
+            double t1 = st_now_s();
+            while (listen_guard_end_accepted(x->port) > 0 && st_now_s() - t1 < 2.0) {
+                while (ucp_worker_progress(x->worker)) {
+                }
+                usleep(1000);
+            }
         }
         for (xport_peer *p = x->peers; p; p = p->next) {
             if (p->state != PEER_CLOSED || p->ops > 0) ST_WARN("xport: %s did not close cleanly", p->name);
