@@ -388,6 +388,15 @@ fail:
     return NULL;
 }
 
+/* Test hook (docs/worker.md): STRATA_TEST_LISTENER_GAP_MS=N sleeps N ms
+ * between destroying the listener and the worker, the window of UCX 1.13.1's
+ * listener race, so that test_xport can deliver requests inside it. */
+static void test_listener_gap(void)
+{
+    const char *gap = getenv("STRATA_TEST_LISTENER_GAP_MS");
+    if (gap && atoi(gap) > 0) usleep(1000u * (unsigned)atoi(gap));
+}
+
 /* Teardown order. UCX may call back from its own thread until the worker is
  * destroyed: in UCX 1.13 a TCP connection the listener accepted but whose
  * request data had not been read yet keeps a pointer to the listener, and
@@ -444,6 +453,7 @@ void xport_destroy(xport *x)
             xrecv_free_settled(x, p);
         }
         if (x->listener) ucp_listener_destroy(x->listener);
+        test_listener_gap();
         ucp_worker_destroy(x->worker);
         /* No UCX callback from here on. Sends the worker cancelled while
          * closing report -1. */

@@ -9,7 +9,8 @@
  * the listener port leave the echo server serving, and a peer that sends an
  * undecodable / invalid header is disconnected while another keeps working;
  * (4) kill -9 of a peer (each direction) gives a disconnect callback within
- * a few seconds and the survivor keeps running.
+ * a few seconds and the survivor keeps running; (5) connection requests
+ * that complete while the transport is destroyed do not crash it.
  *
  * UCX picks its transports from the environment; unless UCX_TLS is set the
  * test uses UCX_TLS=tcp (see docs/protocol.md). Every child is killed and
@@ -655,6 +656,64 @@ static void test_device(struct parent *s)
     free(dev);
 }
 
+/* UCX 1.13.1's listener teardown race (ib/listen_guard.h): a connection the
+ * listener accepted whose request completes while the transport is being
+ * destroyed. A child holds two connections to our listener, each with a
+ * connection request 56 bytes short, and completes them 0.3 s into
+ * xport_destroy, which waits 1 s between destroying the listener and the
+ * worker (STRATA_TEST_LISTENER_GAP_MS). Without the guard UCX hands the
+ * requests to the freed listener (a SEGV on UCX's thread) whenever they come
+ * inside that second; with it the teardown has already ended them. */
+static void destroy_during_requests(struct parent *s)
+{
+    int ready[2], go[2];
+    REQUIRE(pipe(ready) == 0 && pipe(go) == 0);
+    int port = xport_port(s->x);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+        int fds[2];
+        /* the TCP connection manager's request header: 64 bytes follow */
+        static const uint8_t head[16] = {64};
+        static uint8_t rest[64];
+        for (int k = 0; k < 2; k++) {
+            fds[k] = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+            inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+            if (fds[k] < 0 || connect(fds[k], (struct sockaddr *)&sa, sizeof sa) != 0 ||
+                write(fds[k], head, sizeof head) != (ssize_t)sizeof head || write(fds[k], rest, 8) != 8)
+                _exit(1);
+        }
+        char c = 0;
+        if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1) _exit(1);
+        usleep(300000);
+        for (int k = 0; k < 2; k++)
+            if (write(fds[k], rest + 8, 56) != 56) { /* the teardown ended it: the point */
+            }
+        _exit(0);
+    }
+    char c = 0;
+    CHECK_EQ_INT(read(ready[0], &c, 1), 1);
+    int dummy = 0;
+    run_until(s, &dummy, 1, 0.3); /* UCX's thread accepts them */
+    setenv("STRATA_TEST_LISTENER_GAP_MS", "1000", 1);
+    CHECK_EQ_INT(write(go[1], &c, 1), 1);
+    double t0 = now_s();
+    xport_destroy(s->x);
+    s->x = NULL;
+    fprintf(stderr, "destroyed with two requests completing inside the teardown: %.2f s\n", now_s() - t0);
+    unsetenv("STRATA_TEST_LISTENER_GAP_MS");
+    int st = -1;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the requesting child connected and sent (status %d)", st);
+    close(ready[0]);
+    close(ready[1]);
+    close(go[0]);
+    close(go[1]);
+}
+
 int main(int argc, char **argv)
 {
     setenv("UCX_TLS", "tcp", 0);
@@ -696,8 +755,8 @@ int main(int argc, char **argv)
     test_device(&s);
     CHECK_EQ_INT(s.sends_failed, 0);
     reap(echo);
+    destroy_during_requests(&s);
     event_free(t);
-    xport_destroy(s.x);
     event_base_free(s.base);
     return test_summary();
 }
