@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <ucp/api/ucp.h>
@@ -29,6 +30,7 @@
 #include "common/clock.h"
 #include "common/hop_trace.h"
 #include "common/log.h"
+#include "ib/listen_guard.h"
 #include "ib/xport_auth.h"
 #include "ib/xport_mem.h"
 #include "ib/xport_peers.h"
@@ -386,6 +388,15 @@ fail:
     return NULL;
 }
 
+/* Test hook (docs/worker.md): STRATA_TEST_LISTENER_GAP_MS=N sleeps N ms
+ * between destroying the listener and the worker, the window of UCX 1.13.1's
+ * listener race, so that test_xport can deliver requests inside it. */
+static void test_listener_gap(void)
+{
+    const char *gap = getenv("STRATA_TEST_LISTENER_GAP_MS");
+    if (gap && atoi(gap) > 0) usleep(1000u * (unsigned)atoi(gap));
+}
+
 /* Teardown order. UCX may call back from its own thread until the worker is
  * destroyed: in UCX 1.13 a TCP connection the listener accepted but whose
  * request data had not been read yet keeps a pointer to the listener, and
@@ -393,9 +404,11 @@ fail:
  * ucp_listener_destroy freed it; only ucp_worker_destroy (closing the
  * connection manager, with UCX's async thread blocked) removes those.
  * So: refuse new requests first (destroying: on_conn_request rejects them
- * with ucp_listener_reject), close the peers, then destroy the listener and
- * the worker back to back, and free what a callback could still name (the
- * peers, their pending receives, the loop event) only after the worker. */
+ * with ucp_listener_reject) and new connections (listen_guard_block), close
+ * the peers, end every connection the listener accepted and wait until none
+ * is left (then none can still deliver a request), destroy the listener and the worker
+ * back to back, and free what a callback could still name (the peers, their
+ * pending receives, the loop event) only after the worker. */
 void xport_destroy(xport *x)
 {
     if (!x) return;
@@ -408,6 +421,9 @@ void xport_destroy(xport *x)
             xsend_fail_deferred(p);
             peer_start_close(x, p);
         }
+        /* No new connection reaches the listener from here on; the ones it
+         * accepted are ended below (listen_guard.h). */
+        if (x->listener) listen_guard_block(x->port);
         /* Let closes and cancelled operations complete (bounded), running
          * the send callbacks as they complete. */
         double t0 = st_now_s();
@@ -420,11 +436,24 @@ void xport_destroy(xport *x)
                 if (p->state != PEER_CLOSED || p->ops > 0) busy = true;
             if (!busy || st_now_s() - t0 > 5.0) break;
         }
+        /* Then end every connection the listener accepted (a peer's, one
+         * whose request is refused, one that never sent all of it) and let
+         * UCX's thread drop them (bounded): none can deliver a request to the
+         * destroyed listener. */
+        if (x->listener) {
+            double t1 = st_now_s();
+            while (listen_guard_end_accepted(x->port) > 0 && st_now_s() - t1 < 2.0) {
+                while (ucp_worker_progress(x->worker)) {
+                }
+                usleep(1000);
+            }
+        }
         for (xport_peer *p = x->peers; p; p = p->next) {
             if (p->state != PEER_CLOSED || p->ops > 0) ST_WARN("xport: %s did not close cleanly", p->name);
             xrecv_free_settled(x, p);
         }
         if (x->listener) ucp_listener_destroy(x->listener);
+        test_listener_gap();
         ucp_worker_destroy(x->worker);
         /* No UCX callback from here on. Sends the worker cancelled while
          * closing report -1. */

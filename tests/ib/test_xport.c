@@ -9,7 +9,8 @@
  * the listener port leave the echo server serving, and a peer that sends an
  * undecodable / invalid header is disconnected while another keeps working;
  * (4) kill -9 of a peer (each direction) gives a disconnect callback within
- * a few seconds and the survivor keeps running.
+ * a few seconds and the survivor keeps running; (5) connection requests
+ * that complete while the transport is destroyed do not crash it.
  *
  * UCX picks its transports from the environment; unless UCX_TLS is set the
  * test uses UCX_TLS=tcp (see docs/protocol.md). Every child is killed and
@@ -21,6 +22,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -117,7 +119,6 @@ static void echo_frame(xport_peer *p, const frame_header *h, const void *payload
 
 static int run_echo(int delay_ms)
 {
-    alarm(60); /* never outlive a broken parent */
     struct event_base *base = event_base_new();
     struct echo_ctx e = {.base = base, .delay_ms = delay_ms};
     xport_callbacks cb = {.on_frame = echo_frame, .ud = &e};
@@ -137,7 +138,6 @@ static int run_echo(int delay_ms)
 
 static int run_client(int port)
 {
-    alarm(60);
     struct event_base *base = event_base_new();
     xport_callbacks cb = {0};
     st_err err;
@@ -162,9 +162,14 @@ static pid_t spawn(const char *role, const char *arg, int *port_out)
 {
     int fds[2];
     REQUIRE(pipe(fds) == 0);
+    pid_t parent = getpid();
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+        /* Never outlive a broken parent, however long a loaded machine makes
+         * the run: a fixed alarm(60) once killed the echo server while a slow
+         * run (79 s) still used it. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
@@ -205,6 +210,8 @@ struct parent {
     int connects, disconnects;
     xport_peer *last_disconnected;
     char last_reason[200];
+    xport_peer *good;     /* the echo server's peer; NULL once on_disconnect said it is gone */
+    char good_lost[200]; /* why it went */
     int next_expected; /* batch id of the next echoed frame */
     int frames_ok, frames_bad;
     int sends_ok, sends_failed;
@@ -268,6 +275,10 @@ static void p_disconnect(xport_peer *p, const char *reason, void *ud)
     s->last_disconnected = p;
     snprintf(s->last_reason, sizeof s->last_reason, "%s", reason);
     if (p == s->inbound_peer) s->inbound_peer = NULL;
+    if (p == s->good) { /* the handle is freed after this callback */
+        s->good = NULL;
+        snprintf(s->good_lost, sizeof s->good_lost, "%s", reason);
+    }
 }
 
 static void p_frame(xport_peer *p, const frame_header *h, const void *payload, size_t bytes, void *ud)
@@ -352,6 +363,10 @@ static int send_frame(struct parent *s, xport_peer *p, int i)
 /* One frame to the echo server and back. */
 static bool round_trip(struct parent *s, xport_peer *p, int i)
 {
+    if (!p) {
+        fprintf(stderr, "frame %d: no peer to send to (the echo peer was disconnected: %s)\n", i, s->good_lost);
+        return false;
+    }
     s->next_expected = i;
     int before = s->frames_ok;
     if (send_frame(s, p, i)) return false;
@@ -403,7 +418,7 @@ static xport_peer *test_echo_100(struct parent *s, int port)
     return p; /* later tests reuse it */
 }
 
-static void test_garbage(struct parent *s, int port, xport_peer *good)
+static void test_garbage(struct parent *s, int port)
 {
     /* (a) 4 KiB of random bytes on the listener port from a plain TCP socket */
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -418,8 +433,8 @@ static void test_garbage(struct parent *s, int port, xport_peer *good)
     close(fd);
     int dummy = 0;
     run_until(s, &dummy, 1, 0.5); /* let the server see it */
-    CHECK(round_trip(s, good, 1000 + 4));  /* existing peer: a 4 MiB frame */
-    CHECK(round_trip(s, good, 1000 + 1));
+    CHECK(round_trip(s, s->good, 1000 + 4));  /* existing peer: a 4 MiB frame */
+    CHECK(round_trip(s, s->good, 1000 + 1));
 
     /* a fresh connection after the garbage works too */
     st_err err;
@@ -435,7 +450,7 @@ static void test_garbage(struct parent *s, int port, xport_peer *good)
     CHECK(run_until(s, &s->disconnects, d0 + 1, 5.0));
     CHECK(s->last_disconnected == fresh);
     fprintf(stderr, "bad header peer disconnected: %s\n", s->last_reason);
-    CHECK(round_trip(s, good, 3000));
+    CHECK(round_trip(s, s->good, 3000));
 
     /* (c) a header that decodes but does not validate (shape vs payload) */
     xport_peer *third = xport_connect(s->x, "127.0.0.1", port, &err);
@@ -458,7 +473,7 @@ static void test_garbage(struct parent *s, int port, xport_peer *good)
     CHECK(s->last_disconnected == third);
     free(hb);
     fx_free(&f);
-    CHECK(round_trip(s, good, 3003));
+    CHECK(round_trip(s, s->good, 3003));
 }
 
 static void test_death(struct parent *s)
@@ -506,7 +521,7 @@ static void test_death(struct parent *s)
  * Whether a spin catches its reply depends on the machine's load, so the
  * hits are printed, not asserted; the counters must agree with each other.
  * A bad STRATA_XPORT_POLL_US fails xport_create with a message naming it. */
-static void test_poll(struct parent *s, xport_peer *good)
+static void test_poll(struct parent *s)
 {
     st_err err;
     CHECK_EQ_INT(xport_set_poll_us(s->x, 10001, &err), -1);
@@ -517,7 +532,7 @@ static void test_poll(struct parent *s, xport_peer *good)
     CHECK_EQ_INT(xport_set_poll_us(s->x, 0, &err), 0);
     CHECK_EQ_INT(xport_poll_us(s->x), 0);
     xport_get_stats(s->x, &a);
-    for (int i = 0; i < 10; i++) CHECK(round_trip(s, good, 7000 + i));
+    for (int i = 0; i < 10; i++) CHECK(round_trip(s, s->good, 7000 + i));
     xport_get_stats(s->x, &b);
     CHECK_EQ_INT(b.frames_recv - a.frames_recv, 10);
     CHECK_EQ_INT(b.poll_spins - a.poll_spins, 0);
@@ -578,7 +593,7 @@ static void sink_put(xport_mem *m, bool delivered, void *arg)
  * and needs its header inline; a rendezvous payload lands in the sink's
  * region when it is large enough, else in the pool, and the region always
  * comes back through put. */
-static void test_device(struct parent *s, xport_peer *good)
+static void test_device(struct parent *s)
 {
     st_err err;
     void *dev = NULL;
@@ -593,13 +608,13 @@ static void test_device(struct parent *s, xport_peer *good)
     /* 512 KiB echoed back by rendezvous: received straight into the region */
     xport_stats st0, st1;
     xport_get_stats(s->x, &st0);
-    CHECK(round_trip(s, good, 5003));
+    CHECK(round_trip(s, s->good, 5003));
     CHECK(s->last_payload == dev); /* received in place */
     CHECK_EQ_INT(s->sink_gets, 1);
     CHECK_EQ_INT(s->sink_puts, 1);
     CHECK_EQ_INT(s->sink_delivered, 1);
     /* 8 KiB echoed back eagerly: the sink is not asked */
-    CHECK(round_trip(s, good, 5001));
+    CHECK(round_trip(s, s->good, 5001));
     CHECK(s->last_payload != dev);
     CHECK_EQ_INT(s->sink_gets, 1);
 
@@ -609,7 +624,7 @@ static void test_device(struct parent *s, xport_peer *good)
     xport_mem *sm = xport_mem_register_device(s->x, small, 4096, false, &err);
     REQUIRE_MSG(sm, "%s", err.msg);
     s->sink_mem = sm;
-    CHECK(round_trip(s, good, 5008));
+    CHECK(round_trip(s, s->good, 5008));
     CHECK(s->last_payload != small);
     CHECK_EQ_INT(s->sink_gets, 2);
     CHECK_EQ_INT(s->sink_puts, 2);
@@ -622,7 +637,7 @@ static void test_device(struct parent *s, xport_peer *good)
     s->next_expected = 5001;
     fill_payload(5001, dev, 7, 288, STRATA__V1__DTYPE__DTYPE_F32);
     int ok = s->frames_ok, sent = s->sends_ok;
-    CHECK_EQ_INT(xport_send(good, &f.h, dev, 7 * 288 * 4, dm, p_sent, NULL, &err), 0);
+    CHECK_EQ_INT(xport_send(s->good, &f.h, dev, 7 * 288 * 4, dm, p_sent, NULL, &err), 0);
     CHECK(run_until(s, &s->frames_ok, ok + 1, 10.0));
     CHECK(run_until(s, &s->sends_ok, sent + 1, 5.0));
     fx_free(&f);
@@ -632,13 +647,71 @@ static void test_device(struct parent *s, xport_peer *good)
     build_header(&f, 6000);
     int rows, cols, dtype;
     frame_shape(6000, &rows, &cols, &dtype);
-    CHECK(xport_send(good, &f.h, dev, (size_t)rows * cols * frame_dtype_size(dtype), dm, p_sent, NULL, &err) != 0);
+    CHECK(xport_send(s->good, &f.h, dev, (size_t)rows * cols * frame_dtype_size(dtype), dm, p_sent, NULL, &err) != 0);
     CHECK(strstr(err.msg, "does not fit the AM header") != NULL);
     fx_free(&f);
     xport_mem_unregister(s->x, sm);
     xport_mem_unregister(s->x, dm);
     free(small);
     free(dev);
+}
+
+/* UCX 1.13.1's listener teardown race (ib/listen_guard.h): a connection the
+ * listener accepted whose request completes while the transport is being
+ * destroyed. A child holds two connections to our listener, each with a
+ * connection request 56 bytes short, and completes them 0.3 s into
+ * xport_destroy, which waits 1 s between destroying the listener and the
+ * worker (STRATA_TEST_LISTENER_GAP_MS). Without the guard UCX hands the
+ * requests to the freed listener (a SEGV on UCX's thread) whenever they come
+ * inside that second; with it the teardown has already ended them. */
+static void destroy_during_requests(struct parent *s)
+{
+    int ready[2], go[2];
+    REQUIRE(pipe(ready) == 0 && pipe(go) == 0);
+    int port = xport_port(s->x);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+        int fds[2];
+        /* the TCP connection manager's request header: 64 bytes follow */
+        static const uint8_t head[16] = {64};
+        static uint8_t rest[64];
+        for (int k = 0; k < 2; k++) {
+            fds[k] = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+            inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+            if (fds[k] < 0 || connect(fds[k], (struct sockaddr *)&sa, sizeof sa) != 0 ||
+                write(fds[k], head, sizeof head) != (ssize_t)sizeof head || write(fds[k], rest, 8) != 8)
+                _exit(1);
+        }
+        char c = 0;
+        if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1) _exit(1);
+        usleep(300000);
+        for (int k = 0; k < 2; k++)
+            if (write(fds[k], rest + 8, 56) != 56) { /* the teardown ended it: the point */
+            }
+        _exit(0);
+    }
+    char c = 0;
+    CHECK_EQ_INT(read(ready[0], &c, 1), 1);
+    int dummy = 0;
+    run_until(s, &dummy, 1, 0.3); /* UCX's thread accepts them */
+    setenv("STRATA_TEST_LISTENER_GAP_MS", "1000", 1);
+    CHECK_EQ_INT(write(go[1], &c, 1), 1);
+    double t0 = now_s();
+    xport_destroy(s->x);
+    s->x = NULL;
+    fprintf(stderr, "destroyed with two requests completing inside the teardown: %.2f s\n", now_s() - t0);
+    unsetenv("STRATA_TEST_LISTENER_GAP_MS");
+    int st = -1;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the requesting child connected and sent (status %d)", st);
+    close(ready[0]);
+    close(ready[1]);
+    close(go[0]);
+    close(go[1]);
 }
 
 int main(int argc, char **argv)
@@ -671,19 +744,19 @@ int main(int argc, char **argv)
     REQUIRE_MSG(s.x, "%s", err.msg);
     CHECK(xport_port(s.x) > 0);
 
-    xport_peer *good = test_echo_100(&s, port);
-    test_garbage(&s, port, good);
+    s.good = test_echo_100(&s, port);
+    test_garbage(&s, port);
     test_death(&s);
-    CHECK(round_trip(&s, good, 5000)); /* the survivor still round-trips */
+    CHECK(round_trip(&s, s.good, 5000)); /* the survivor still round-trips */
     fprintf(stderr, "max inline header: %zu bytes\n", xport_max_inline_header(s.x));
     CHECK(xport_max_inline_header(s.x) < 40000);
-    CHECK(round_trip(&s, good, 6000)); /* header-in-data path */
-    test_poll(&s, good);
-    test_device(&s, good);
+    CHECK(round_trip(&s, s.good, 6000)); /* header-in-data path */
+    test_poll(&s);
+    test_device(&s);
     CHECK_EQ_INT(s.sends_failed, 0);
     reap(echo);
+    destroy_during_requests(&s);
     event_free(t);
-    xport_destroy(s.x);
     event_base_free(s.base);
     return test_summary();
 }
