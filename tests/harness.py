@@ -242,35 +242,6 @@ def lsan_could_not_run(folder, name):
     return False
 
 
-# UCX 1.13.1's own listener teardown race (docs/worker.md, "Stop"): a
-# connection its async thread accepted just before ucp_listener_destroy
-# delivers its request afterwards and ucp_cm_server_conn_request_cb reads the
-# freed listener: a SEGV on UCX's thread, with no Strata frame, in the
-# worker's last milliseconds after SIGTERM. Reported, not failed; any other
-# report still fails.
-UCX_LISTENER_RACE = "SEGV (/lib/x86_64-linux-gnu/libucp.so.0+"
-UCX_LISTENER_RACE_FN = ") in ucp_cm_server_conn_request_cb"
-
-
-def ucx_listener_race(text):
-    """True when a worker log's only crash is UCX's listener race above."""
-    summaries = [l for l in text.splitlines() if l.startswith("SUMMARY: ")]
-    return (len(summaries) == 1 and UCX_LISTENER_RACE in summaries[0] and summaries[0].endswith(UCX_LISTENER_RACE_FN)
-            and "worker: SIGTERM" in text and "LeakSanitizer" not in text and "runtime error:" not in text)
-
-
-def last_log(folder, name):
-    """The text of the newest folder/NAME*.log ('' when there is none)."""
-    try:
-        logs = [os.path.join(folder, f) for f in os.listdir(folder) if f.startswith(name) and f.endswith(".log")]
-    except OSError:
-        return ""
-    if not logs:
-        return ""
-    with open(max(logs, key=os.path.getmtime), errors="replace") as fh:
-        return fh.read()
-
-
 def finish(cl, after_stop=None):
     """The end of a live-cluster test: stops cl (every process by pid,
     cl.stop() -> {name: exit status}), runs after_stop() (e.g. removing
@@ -285,10 +256,6 @@ def finish(cl, after_stop=None):
         if rc == 1 and lsan_could_not_run(cl.tmp, name):
             print("note: %s exited 1 because LeakSanitizer itself failed (its stop-the-world tracer), not "
                   "for a leak or an error it found: not counted" % name)
-            rcs[name] = 0
-        elif rc == 1 and ucx_listener_race(last_log(cl.tmp, name)):
-            print("note: %s exited 1 on UCX 1.13.1's listener teardown race after SIGTERM "
-                  "(ucp_cm_server_conn_request_cb on UCX's thread, docs/worker.md): not counted" % name)
             rcs[name] = 0
     check(all(rc == 0 for rc in rcs.values()), "every process left exited 0 on SIGTERM: %s" % rcs)
     if FAILS:
